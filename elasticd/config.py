@@ -1,0 +1,563 @@
+"""The configuration: a YAML file in, a validated immutable model out.
+
+Validation is pure (text in, model or ``ConfigError`` out) and reports every problem of a file at once, each
+naming its key path and line, e.g. ``tenants.acme.resources.cpu (line 14): "15O%" is not a percentage``.
+Reload and ``--check`` go through the same function, so "valid" means one thing.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError
+
+from elasticd.units import UnitError, parse_cpu, parse_duration, parse_size
+
+__all__ = [
+    "NAME_RE",
+    "Address",
+    "App",
+    "CgroupSettings",
+    "Config",
+    "ConfigError",
+    "ConfigIssue",
+    "Group",
+    "Pool",
+    "Quotas",
+    "Resources",
+    "Server",
+    "Tenant",
+    "load_config",
+    "parse_config",
+]
+
+# Tenant, app and group names become cgroup directory names: nothing may escape the base.
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_HOST_RE = re.compile(r"^(?=.{1,253}$)[a-z0-9*]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CGROUP_MODES = ("auto", "required", "off")
+
+
+# --------------------------------------------------------------------------------------------- the model
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupSettings:
+    mode: str = "auto"
+    path: str | None = None  # None: elasticd's own cgroup
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    listen: Address = Address("127.0.0.1", 8080)
+    metrics_listen: Address = Address("127.0.0.1", 9464)
+    admin_socket: str = "/run/elasticd/admin.sock"
+    admin_group: str | None = None
+    runtime_dir: str = "/run/elasticd"
+    cgroups: CgroupSettings = CgroupSettings()
+    sample_interval: float = 5.0
+    occupancy_interval: float = 5.0
+    request_timeout: float = 60.0
+    stop_timeout: float = 10.0
+    user_ttl: float = 1800.0
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """Per-tenant limits. None means unlimited (written as ``max``); swap defaults to 0, not unlimited,
+    because otherwise a memory limit is silently absorbed by swap."""
+
+    cpu: float | None = None  # percent of one CPU
+    memory: int | None = None
+    swap: int | None = 0
+    pids: int | None = None
+    io_weight: int | None = None  # None: the kernel default, 100
+    io_read: int | None = None  # bytes per second
+    io_write: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Quotas:
+    max_concurrent_requests: int | None = None
+    requests_per_second: float | None = None
+    burst: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    min_workers: int = 1
+    max_workers: int | None = 4  # None: unbounded
+    reception_threshold: float = 0.5
+    admission_threshold: float = 0.8
+    compaction_margin: float = 1.5
+    memory_limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    name: str
+    command: tuple[str, ...]
+    python: str | None = None  # None: elasticd's own interpreter
+    env: Mapping[str, str] = field(default_factory=dict)
+    concurrency: int = 8
+    pool: Pool = Pool()
+
+
+@dataclass(frozen=True, slots=True)
+class App:
+    name: str
+    domains: tuple[str, ...]
+    root: str
+    default_group: str
+    groups: Mapping[str, Group]
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    name: str
+    resources: Resources
+    quotas: Quotas
+    apps: Mapping[str, App]
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    server: Server
+    tenants: Mapping[str, Tenant]
+    source: str = "<string>"
+
+    def apps(self) -> Iterator[tuple[Tenant, App]]:
+        for tenant in self.tenants.values():
+            for app in tenant.apps.values():
+                yield tenant, app
+
+    def groups(self) -> Iterator[tuple[Tenant, App, Group]]:
+        for tenant, app in self.apps():
+            for group in app.groups.values():
+                yield tenant, app, group
+
+
+# --------------------------------------------------------------------------------------------- errors
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigIssue:
+    path: str
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.path} (line {self.line})" if self.line else self.path or "config"
+        return f"{where}: {self.message}"
+
+
+class ConfigError(Exception):
+    def __init__(self, issues: list[ConfigIssue], source: str = "<string>") -> None:
+        self.issues = issues
+        self.source = source
+        super().__init__("\n".join(str(i) for i in issues))
+
+
+# --------------------------------------------------------------------------------------------- the walk
+
+
+class _Walk:
+    """Collects issues while the model is built, so one pass reports everything wrong with a file."""
+
+    __slots__ = ("issues",)
+
+    def __init__(self) -> None:
+        self.issues: list[ConfigIssue] = []
+
+    def error(self, path: str, line: int | None, message: str) -> None:
+        self.issues.append(ConfigIssue(path, line, message))
+
+    # A node's line: ruamel keeps 0-based positions per key (``lc.key``) and per item (``lc.item``).
+    @staticmethod
+    def key_line(node: Any, key: Any) -> int | None:
+        try:
+            return node.lc.key(key)[0] + 1
+        except (AttributeError, KeyError, TypeError):
+            return None
+
+    @staticmethod
+    def item_line(node: Any, index: int) -> int | None:
+        try:
+            return node.lc.item(index)[0] + 1
+        except (AttributeError, KeyError, TypeError, IndexError):
+            return None
+
+    @staticmethod
+    def node_line(node: Any) -> int | None:
+        try:
+            return node.lc.line + 1
+        except AttributeError:
+            return None
+
+    def mapping(self, node: Any, path: str, line: int | None, allowed: tuple[str, ...] | None) -> CommentedMap:
+        """The node as a mapping (empty when absent or wrong), unknown keys reported."""
+        if node is None:
+            return CommentedMap()
+        if not isinstance(node, CommentedMap):
+            self.error(path, line, f"must be a mapping, not {_kind(node)}")
+            return CommentedMap()
+        if allowed is not None:
+            for key in node:
+                if key not in allowed:
+                    self.error(_join(path, key), self.key_line(node, key),
+                               f"unknown key (expected one of: {', '.join(allowed)})")
+        return node
+
+    def value(self, node: CommentedMap, key: str, path: str, parse: Any, default: Any) -> Any:
+        """Parse ``node[key]`` with ``parse`` (which raises ValueError); absent or null → default."""
+        if key not in node or node[key] is None:
+            return default
+        try:
+            return parse(node[key])
+        except (UnitError, ValueError, TypeError) as exc:
+            self.error(_join(path, key), self.key_line(node, key), str(exc))
+            return default
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _kind(node: Any) -> str:
+    if isinstance(node, CommentedMap):
+        return "a mapping"
+    if isinstance(node, CommentedSeq):
+        return "a list"
+    if isinstance(node, bool):
+        return "a boolean"
+    if isinstance(node, (int, float)):
+        return f"the number {node}"
+    return f'"{node}"'
+
+
+# --------------------------------------------------------------------------------------------- scalars
+
+
+def _int(minimum: int, maximum: int | None = None, allow_max: bool = False):
+    def parse(value: Any) -> int | None:
+        if allow_max and value == "max":
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{_kind(value)} is not a whole number" + (' or "max"' if allow_max else ""))
+        if value < minimum or (maximum is not None and value > maximum):
+            upper = f" and {maximum}" if maximum is not None else ""
+            raise ValueError(f"{value} is out of range (between {minimum}{upper})" if upper
+                             else f"{value} is out of range (at least {minimum})")
+        return int(value)
+    return parse
+
+
+def _fraction(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{_kind(value)} is not a number")
+    if not 0 <= value <= 1:
+        raise ValueError(f"{value} is not between 0 and 1")
+    return float(value)
+
+
+def _positive_number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{_kind(value)} is not a number")
+    if value <= 0:
+        raise ValueError(f"{value} must be more than 0")
+    return float(value)
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{_kind(value)} is not a string")
+    return str(value)
+
+
+def _absolute_path(value: Any) -> str:
+    text = _string(value)
+    if not text.startswith("/"):
+        raise ValueError(f'"{text}" is not an absolute path')
+    if "\0" in text:
+        raise ValueError("a path cannot hold a NUL byte")
+    return text
+
+
+def _address(value: Any) -> Address:
+    text = str(value).strip()
+    match = re.match(r"^\[([0-9a-fA-F:.]+)\]:(\d+)$", text) or re.match(r"^([^:\[\]]+):(\d+)$", text)
+    if not match:
+        raise ValueError(f'"{text}" is not HOST:PORT (e.g. "127.0.0.1:8080" or "[::1]:8080")')
+    port = int(match.group(2))
+    if not 0 < port < 65536:
+        raise ValueError(f'"{text}" has no valid port (1-65535)')
+    return Address(match.group(1), port)
+
+
+def _mode(value: Any) -> str:
+    if value not in CGROUP_MODES:
+        raise ValueError(f"{_kind(value)} is not a mode (expected one of: {', '.join(CGROUP_MODES)})")
+    return str(value)
+
+
+def _duration(value: Any) -> float:
+    return parse_duration(value)
+
+
+# --------------------------------------------------------------------------------------------- sections
+
+_SERVER_KEYS = ("listen", "metrics_listen", "admin_socket", "admin_group", "runtime_dir", "cgroups",
+                "sample_interval", "occupancy_interval", "request_timeout", "stop_timeout", "user_ttl")
+_TENANT_KEYS = ("resources", "quotas", "apps")
+_RESOURCE_KEYS = ("cpu", "memory", "swap", "pids", "io_weight", "io_bandwidth")
+_QUOTA_KEYS = ("max_concurrent_requests", "requests_per_second", "burst")
+_APP_KEYS = ("domains", "root", "default_group", "groups")
+_GROUP_KEYS = ("command", "python", "env", "concurrency", "pool")
+_POOL_KEYS = ("min_workers", "max_workers", "reception_threshold", "admission_threshold",
+              "compaction_margin", "memory_limit")
+
+
+def _server(walk: _Walk, node: Any, line: int | None) -> Server:
+    m = walk.mapping(node, "server", line, _SERVER_KEYS)
+    d = Server()
+    cg = walk.mapping(m.get("cgroups"), "server.cgroups", walk.key_line(m, "cgroups"), ("mode", "path"))
+    cgroups = CgroupSettings(
+        mode=walk.value(cg, "mode", "server.cgroups", _mode, "auto"),
+        path=walk.value(cg, "path", "server.cgroups", _absolute_path, None),
+    )
+    return Server(
+        listen=walk.value(m, "listen", "server", _address, d.listen),
+        metrics_listen=walk.value(m, "metrics_listen", "server", _address, d.metrics_listen),
+        admin_socket=walk.value(m, "admin_socket", "server", _absolute_path, d.admin_socket),
+        admin_group=walk.value(m, "admin_group", "server", _string, None),
+        runtime_dir=walk.value(m, "runtime_dir", "server", _absolute_path, d.runtime_dir),
+        cgroups=cgroups,
+        sample_interval=walk.value(m, "sample_interval", "server", _duration, d.sample_interval),
+        occupancy_interval=walk.value(m, "occupancy_interval", "server", _duration, d.occupancy_interval),
+        request_timeout=walk.value(m, "request_timeout", "server", _duration, d.request_timeout),
+        stop_timeout=walk.value(m, "stop_timeout", "server", _duration, d.stop_timeout),
+        user_ttl=walk.value(m, "user_ttl", "server", _duration, d.user_ttl),
+    )
+
+
+def _resources(walk: _Walk, node: Any, path: str, line: int | None) -> Resources:
+    m = walk.mapping(node, path, line, _RESOURCE_KEYS)
+    io = walk.mapping(m.get("io_bandwidth"), f"{path}.io_bandwidth", walk.key_line(m, "io_bandwidth"),
+                      ("read", "write"))
+    bandwidth = lambda v: parse_size(v, allow_zero=False)  # noqa: E731
+    return Resources(
+        cpu=walk.value(m, "cpu", path, parse_cpu, None),
+        memory=walk.value(m, "memory", path, lambda v: parse_size(v, allow_zero=False), None),
+        swap=walk.value(m, "swap", path, parse_size, 0),
+        pids=walk.value(m, "pids", path, _int(1, allow_max=True), None),
+        io_weight=walk.value(m, "io_weight", path, _int(1, 10000), None),
+        io_read=walk.value(io, "read", f"{path}.io_bandwidth", bandwidth, None),
+        io_write=walk.value(io, "write", f"{path}.io_bandwidth", bandwidth, None),
+    )
+
+
+def _quotas(walk: _Walk, node: Any, path: str, line: int | None) -> Quotas:
+    m = walk.mapping(node, path, line, _QUOTA_KEYS)
+    rps = walk.value(m, "requests_per_second", path, _positive_number, None)
+    burst = walk.value(m, "burst", path, _int(1), None)
+    if burst is not None and rps is None:
+        walk.error(f"{path}.burst", walk.key_line(m, "burst"), "needs requests_per_second beside it")
+    if rps is not None and burst is None:
+        burst = max(1, int(-(-rps // 1)))  # one second's worth of requests
+    return Quotas(
+        max_concurrent_requests=walk.value(m, "max_concurrent_requests", path, _int(1), None),
+        requests_per_second=rps,
+        burst=burst,
+    )
+
+
+def _pool(walk: _Walk, node: Any, path: str, line: int | None) -> Pool:
+    m = walk.mapping(node, path, line, _POOL_KEYS)
+    d = Pool()
+    pool = Pool(
+        min_workers=walk.value(m, "min_workers", path, _int(1, 1000), d.min_workers),
+        max_workers=walk.value(m, "max_workers", path, _int(1, 1000, allow_max=True), d.max_workers),
+        reception_threshold=walk.value(m, "reception_threshold", path, _fraction, d.reception_threshold),
+        admission_threshold=walk.value(m, "admission_threshold", path, _fraction, d.admission_threshold),
+        compaction_margin=walk.value(m, "compaction_margin", path, _positive_number, d.compaction_margin),
+        memory_limit=walk.value(m, "memory_limit", path, lambda v: parse_size(v, allow_zero=False), None),
+    )
+    if pool.max_workers is not None and pool.min_workers > pool.max_workers:
+        walk.error(f"{path}.min_workers", walk.key_line(m, "min_workers") or line,
+                   f"{pool.min_workers} is more than max_workers ({pool.max_workers})")
+    return pool
+
+
+def _command(walk: _Walk, node: Any, path: str, line: int | None) -> tuple[str, ...]:
+    if not isinstance(node, CommentedSeq) or not node:
+        walk.error(path, line, "must be a non-empty list of arguments (argv, never a shell string), "
+                               f"not {_kind(node) if node is not None else 'missing'}")
+        return ()
+    argv = []
+    for i, item in enumerate(node):
+        if isinstance(item, (CommentedMap, CommentedSeq)) or item is None or isinstance(item, bool):
+            walk.error(f"{path}[{i}]", walk.item_line(node, i) or line,
+                       f"{_kind(item) if item is not None else 'null'} is not an argument string")
+            continue
+        text = str(item)
+        if "\0" in text:
+            walk.error(f"{path}[{i}]", walk.item_line(node, i) or line, "an argument cannot hold a NUL byte")
+        argv.append(text)
+    return tuple(argv)
+
+
+def _env(walk: _Walk, node: Any, path: str, line: int | None) -> dict[str, str]:
+    m = walk.mapping(node, path, line, None)
+    env = {}
+    for key, value in m.items():
+        kpath, kline = _join(path, key), walk.key_line(m, key)
+        if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
+            walk.error(kpath, kline, f"{_kind(key)} is not an environment variable name")
+        elif key.startswith("ELASTIC_"):
+            walk.error(kpath, kline, "ELASTIC_* variables are set by elasticd for every worker")
+        elif isinstance(value, (CommentedMap, CommentedSeq)) or value is None:
+            walk.error(kpath, kline, "must be a string or a number")
+        elif "\0" in str(value):
+            walk.error(kpath, kline, "a value cannot hold a NUL byte")
+        else:
+            env[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    return env
+
+
+def _group(walk: _Walk, name: str, node: Any, path: str, line: int | None) -> Group:
+    m = walk.mapping(node, path, line, _GROUP_KEYS)
+    return Group(
+        name=name,
+        command=_command(walk, m.get("command"), f"{path}.command", walk.key_line(m, "command") or line),
+        python=walk.value(m, "python", path, _absolute_path, None),
+        env=_env(walk, m.get("env"), f"{path}.env", walk.key_line(m, "env")),
+        concurrency=walk.value(m, "concurrency", path, _int(1, 100000), 8),
+        pool=_pool(walk, m.get("pool"), f"{path}.pool", walk.key_line(m, "pool")),
+    )
+
+
+def _named(walk: _Walk, node: CommentedMap, path: str, what: str) -> Iterator[tuple[str, Any, str, int | None]]:
+    for key, child in node.items():
+        line = walk.key_line(node, key)
+        kpath = _join(path, key)
+        if not isinstance(key, str) or not NAME_RE.match(key):
+            walk.error(kpath, line, f"{_kind(key)} is not a valid {what} name "
+                                    "(lowercase letters, digits, '_' and '-', starting with a letter or digit, "
+                                    "at most 63 characters)")
+            continue
+        yield key, child, kpath, line
+
+
+def _app(walk: _Walk, name: str, node: Any, path: str, line: int | None) -> App:
+    m = walk.mapping(node, path, line, _APP_KEYS)
+    domains: list[str] = []
+    dnode = m.get("domains")
+    dline = walk.key_line(m, "domains") or line
+    if not isinstance(dnode, CommentedSeq) or not dnode:
+        walk.error(f"{path}.domains", dline, "must be a non-empty list of host names")
+    else:
+        for i, item in enumerate(dnode):
+            host = str(item).strip().lower() if isinstance(item, str) else None
+            if host is None or not _HOST_RE.match(host):
+                walk.error(f"{path}.domains[{i}]", walk.item_line(dnode, i) or dline,
+                           f"{_kind(item)} is not a host name")
+            else:
+                domains.append(host)
+    root = walk.value(m, "root", path, _absolute_path, "")
+    if "root" not in m:
+        walk.error(f"{path}.root", line, "is required (the application's directory)")
+    groups: dict[str, Group] = {}
+    gnode = walk.mapping(m.get("groups"), f"{path}.groups", walk.key_line(m, "groups") or line, None)
+    if not gnode:
+        walk.error(f"{path}.groups", walk.key_line(m, "groups") or line, "must define at least one group")
+    for gname, child, gpath, gline in _named(walk, gnode, f"{path}.groups", "group"):
+        groups[gname] = _group(walk, gname, child, gpath, gline)
+    default = walk.value(m, "default_group", path, _string, None)
+    if default is None:
+        default = next(iter(groups), "")
+    elif groups and default not in groups:
+        walk.error(f"{path}.default_group", walk.key_line(m, "default_group"),
+                   f'"{default}" is not one of its groups ({", ".join(groups)})')
+    return App(name=name, domains=tuple(domains), root=root, default_group=default, groups=groups)
+
+
+def _tenant(walk: _Walk, name: str, node: Any, path: str, line: int | None) -> Tenant:
+    m = walk.mapping(node, path, line, _TENANT_KEYS)
+    apps: dict[str, App] = {}
+    anode = walk.mapping(m.get("apps"), f"{path}.apps", walk.key_line(m, "apps"), None)
+    for aname, child, apath, aline in _named(walk, anode, f"{path}.apps", "app"):
+        apps[aname] = _app(walk, aname, child, apath, aline)
+    return Tenant(
+        name=name,
+        resources=_resources(walk, m.get("resources"), f"{path}.resources", walk.key_line(m, "resources")),
+        quotas=_quotas(walk, m.get("quotas"), f"{path}.quotas", walk.key_line(m, "quotas")),
+        apps=apps,
+    )
+
+
+def _check_domains(walk: _Walk, tenants: Mapping[str, Tenant], root: CommentedMap) -> None:
+    owner: dict[str, str] = {}
+    for tenant in tenants.values():
+        for app in tenant.apps.values():
+            for domain in app.domains:
+                here = f"tenants.{tenant.name}.apps.{app.name}"
+                if domain in owner:
+                    node = root["tenants"][tenant.name]["apps"][app.name]
+                    walk.error(f"{here}.domains", _Walk.key_line(node, "domains"),
+                               f'"{domain}" is already routed to {owner[domain]}')
+                else:
+                    owner[domain] = here
+
+
+# --------------------------------------------------------------------------------------------- entry points
+
+
+def parse_config(text: str, source: str = "<string>") -> Config:
+    """Validate YAML text into a Config, or raise ConfigError listing every problem found."""
+    yaml = YAML(typ="rt")
+    try:
+        doc = yaml.load(io.StringIO(text))
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        raise ConfigError([ConfigIssue("", line, f"not valid YAML: {exc.problem or exc.context}")],
+                          source) from None
+    except Exception as exc:  # ruamel raises a few unmarked errors (e.g. on bad tags)
+        raise ConfigError([ConfigIssue("", None, f"not valid YAML: {exc}")], source) from None
+    walk = _Walk()
+    top = walk.mapping(doc if doc is not None else CommentedMap(), "", 1, ("server", "tenants"))
+    server = _server(walk, top.get("server"), walk.key_line(top, "server"))
+    tenants: dict[str, Tenant] = {}
+    tnode = walk.mapping(top.get("tenants"), "tenants", walk.key_line(top, "tenants"), None)
+    for tname, child, tpath, tline in _named(walk, tnode, "tenants", "tenant"):
+        tenants[tname] = _tenant(walk, tname, child, tpath, tline)
+    if not walk.issues:
+        _check_domains(walk, tenants, top)
+    if walk.issues:
+        raise ConfigError(walk.issues, source)
+    return Config(server=server, tenants=tenants, source=source)
+
+
+def load_config(path: str | Path) -> Config:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([ConfigIssue("", None, f"cannot read {path}: {exc}")], str(path)) from None
+    return parse_config(text, str(path))
