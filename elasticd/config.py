@@ -163,7 +163,10 @@ class ConfigIssue:
     message: str
 
     def __str__(self) -> str:
-        where = f"{self.path} (line {self.line})" if self.line else self.path or "config"
+        if self.path:
+            where = f"{self.path} (line {self.line})" if self.line else self.path
+        else:
+            where = f"line {self.line}" if self.line else "config"
         return f"{where}: {self.message}"
 
 

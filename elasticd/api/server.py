@@ -1,0 +1,120 @@
+"""The admin API: HTTP/JSON on a Unix socket that only root (or ``server.admin_group``) may open.
+
+Routes are described in ``openapi.yaml`` beside this file. The handlers are thin: the daemon answers
+(``Control``), this module only speaks HTTP, and every refusal is a JSON body with an ``error`` string.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import logging
+import os
+import socket
+from typing import Any, Protocol
+
+from aiohttp import web
+
+__all__ = ["AdminApi", "Control", "ReloadOutcome", "SocketInUse"]
+
+log = logging.getLogger("elasticd.api")
+
+
+class ReloadOutcome(Protocol):
+    ok: bool
+    error: str | None
+    problems: list[str]
+
+
+class Control(Protocol):
+    def status(self) -> dict[str, Any]: ...
+    async def reload(self) -> ReloadOutcome: ...
+
+
+class SocketInUse(RuntimeError):
+    pass
+
+
+class AdminApi:
+    __slots__ = ("_control", "_runner", "group", "path")
+
+    def __init__(self, control: Control, path: str, group: str | None = None) -> None:
+        self._control = control
+        self.path = path
+        self.group = group
+        self._runner: web.AppRunner | None = None
+
+    def _app(self) -> web.Application:
+        app = web.Application(middlewares=[_json_errors])
+        app.router.add_get("/v1/status", self._status)
+        app.router.add_post("/v1/reload", self._reload)
+        return app
+
+    async def start(self) -> None:
+        _claim_socket_path(self.path)
+        # Resolve the group before binding, so a typo refuses to start rather than leaving a 0600 socket.
+        gid = _group_id(self.group) if self.group else None
+        self._runner = web.AppRunner(self._app(), access_log=None)
+        await self._runner.setup()
+        # The umask makes the socket private from its first instant; chmod then only ever widens it.
+        old_umask = os.umask(0o177)
+        try:
+            await web.UnixSite(self._runner, self.path).start()
+        finally:
+            os.umask(old_umask)
+        if gid is not None:
+            os.chown(self.path, 0 if os.geteuid() == 0 else -1, gid)
+            os.chmod(self.path, 0o660)
+        else:
+            os.chmod(self.path, 0o600)
+        log.info("admin API on %s", self.path)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    async def _status(self, request: web.Request) -> web.Response:
+        return web.json_response(self._control.status())
+
+    async def _reload(self, request: web.Request) -> web.Response:
+        outcome = await self._control.reload()
+        if not outcome.ok:
+            return web.json_response({"ok": False, "error": outcome.error, "problems": outcome.problems},
+                                     status=422)
+        return web.json_response({"ok": True, "problems": outcome.problems})
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return web.json_response({"error": f"{exc.reason}: {request.method} {request.path}"}, status=exc.status)
+
+
+def _group_id(name: str) -> int:
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise ValueError(f'server.admin_group: there is no group "{name}"') from None
+
+
+def _claim_socket_path(path: str) -> None:
+    """Remove a stale socket left by a crash, but never steal the socket of an elasticd that still runs."""
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    if not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        os.unlink(path)
+        return
+    finally:
+        probe.close()
+    raise SocketInUse(f"another process answers on the admin socket {path} (is elasticd already running?)")

@@ -1,0 +1,331 @@
+"""The daemon: wires the config, cgroups, supervisor, front and admin API together, and runs them.
+
+Start: validate the config, claim the cgroup base (moving elasticd into ``<base>/server`` before anything
+else when the base is its own cgroup), write every limit, start the workers, then ``READY=1``. Signals are
+queued and dispatched by name (``SIGHUP`` → reload, ``SIGTERM``/``SIGINT`` → stop), so a handler never
+runs inside another. Reload goes through one function whether it comes from SIGHUP or ``POST /v1/reload``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from elasticd import __version__
+from elasticd.api.server import AdminApi, SocketInUse
+from elasticd.cgroup import CgroupTree, Decision, decide, probe
+from elasticd.config import Config, ConfigError, load_config
+from elasticd.front.relay import AiohttpRelay, Upstream
+from elasticd.front.routing import RouteTable
+from elasticd.front.server import Front
+from elasticd.supervisor.supervisor import Supervisor
+from elasticd.systemd import Notifier, setup_logging
+
+__all__ = ["Daemon", "main"]
+
+log = logging.getLogger("elasticd")
+
+DEFAULT_CONFIG = "/etc/elastic.yaml"
+
+
+class StartupRefused(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class ReloadResult:
+    ok: bool
+    error: str | None = None
+    problems: list[str] = field(default_factory=list)
+    at: float = field(default_factory=time.time)
+
+
+class Daemon:
+    __slots__ = ("_reload_lock", "_signals", "_stopping", "api", "cgroup_decision", "cgroup_base", "config",
+                 "config_path", "front", "last_reload", "notifier", "started_at", "supervisor", "tree")
+
+    def __init__(self, config: Config, config_path: str) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.notifier = Notifier()
+        self.tree: CgroupTree | None = None
+        self.cgroup_decision: Decision | None = None
+        self.cgroup_base: str | None = None
+        server = config.server
+        self.supervisor = Supervisor(server.runtime_dir, self._leaf_for, stop_timeout=server.stop_timeout,
+                                     occupancy_interval=server.occupancy_interval)
+        self.supervisor.on_worker_state = lambda _worker: self.notifier.status(self.supervisor.summary())
+        self.front = Front(server.listen, RouteTable.from_config(config), self._upstreams,
+                           AiohttpRelay(server.request_timeout))
+        self.api = AdminApi(self, server.admin_socket, server.admin_group)
+        self.started_at = time.time()
+        self.last_reload: ReloadResult | None = None
+        self._reload_lock = asyncio.Lock()
+        self._signals: asyncio.Queue[str] = asyncio.Queue()
+        self._stopping = False
+
+    # ------------------------------------------------------------------ wiring for the parts
+
+    def _leaf_for(self, tenant: str, app: str) -> str | None:
+        return str(self.tree.leaf(tenant, app)) if self.tree is not None else None
+
+    def _upstreams(self, tenant: str, app: str, group: str) -> list[Upstream]:
+        return [Upstream(w.id, w.socket_path) for w in self.supervisor.routable(tenant, app, group)]
+
+    # ------------------------------------------------------------------ cgroups
+
+    def _claim_cgroups(self) -> None:
+        settings = self.config.server.cgroups
+        found = probe(settings)
+        decision = decide(settings.mode, found)
+        self.cgroup_decision = decision
+        self.cgroup_base = str(found.base) if found.base is not None else None
+        if decision.refuse:
+            raise StartupRefused(decision.refuse)
+        if decision.warning:
+            log.warning("%s", decision.warning)
+        if not decision.enforce:
+            return
+        assert found.base is not None
+        tree = CgroupTree(found.base, found.base_is_own)
+        try:
+            tree.setup()
+        except OSError as exc:
+            message = f"cannot set up the cgroup base {found.base}: {exc}"
+            if settings.mode == "required":
+                raise StartupRefused(message) from None
+            log.warning("%s; serving without enforcement", message)
+            self.cgroup_decision = Decision(enforce=False, refuse=None, warning=message)
+            return
+        self.tree = tree
+        log.info("cgroups enforced under %s", found.base)
+
+    def _write_cgroups(self, config: Config) -> list[str]:
+        """Create every leaf and write every limit: on each activation, so a reload changes them in place."""
+        tree = self.tree
+        if tree is None:
+            return []
+        problems: list[str] = []
+        for tenant in config.tenants.values():
+            try:
+                tree.ensure_tenant(tenant.name)
+                for app in tenant.apps.values():
+                    tree.ensure_app(tenant.name, app.name)
+            except OSError as exc:
+                problems.append(f"tenant {tenant.name}: cannot create its cgroups: {exc}")
+                continue
+            problems.extend(tree.apply_limits(tenant.name, tenant.resources,
+                                              [app.root for app in tenant.apps.values()]))
+        return problems
+
+    async def _remove_cgroups(self, old: Config, new: Config) -> None:
+        """After their workers are gone: the leaves of removed apps, then the groups of removed tenants."""
+        tree = self.tree
+        if tree is None:
+            return
+        for tenant, app in old.apps():
+            if tenant.name not in new.tenants or app.name not in new.tenants[tenant.name].apps:
+                await self._drain_leaf(tenant.name, app.name)
+                tree.remove_app(tenant.name, app.name)
+        for name in old.tenants:
+            if name not in new.tenants:
+                tree.remove_tenant(name)
+
+    async def _remove_stale_cgroups(self, config: Config) -> None:
+        """At start: groups an earlier run left for tenants or apps no longer configured."""
+        tree = self.tree
+        if tree is None:
+            return
+        for tenant in tree.inner_tenants():
+            known = config.tenants.get(tenant)
+            for app in tree.inner_apps(tenant):
+                if known is None or app not in known.apps:
+                    await self._drain_leaf(tenant, app)
+                    tree.remove_app(tenant, app)
+            if known is None:
+                tree.remove_tenant(tenant)
+
+    async def _drain_leaf(self, tenant: str, app: str, timeout: float = 5.0) -> None:
+        """Kill whatever a worker left behind in its leaf (a daemonised grandchild) and wait for the leaf to
+        empty: cgroup.kill is asynchronous, and a populated cgroup cannot be removed (EBUSY)."""
+        assert self.tree is not None
+        if not self.tree.kill_leaf(tenant, app):
+            return
+        deadline = time.monotonic() + timeout
+        while self.tree.populated(tenant, app) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    # ------------------------------------------------------------------ activation and reload
+
+    async def _activate(self, config: Config, previous: Config | None) -> list[str]:
+        problems = self._write_cgroups(config)
+        # Routes first: a removed app stops receiving traffic before its workers are stopped.
+        self.front.set_routes(RouteTable.from_config(config))
+        result = await self.supervisor.apply(config)
+        problems.extend(result.problems)
+        if previous is not None:
+            await self._remove_cgroups(previous, config)
+        else:
+            await self._remove_stale_cgroups(config)
+        self.config = config
+        for problem in problems:
+            log.error("%s", problem)
+        return problems
+
+    async def reload(self) -> ReloadResult:
+        """Parse and validate first: an invalid file changes nothing and its error is returned and logged."""
+        async with self._reload_lock:
+            self.notifier.reloading()
+            try:
+                new = load_config(self.config_path)
+            except ConfigError as exc:
+                log.error("reload refused, the running configuration stays: %s\n%s", self.config_path, exc)
+                result = ReloadResult(ok=False, error=f"{self.config_path}:\n{exc}")
+            else:
+                result = ReloadResult(ok=True, problems=_restart_only_changes(self.config, new))
+                for problem in result.problems:
+                    log.warning("%s", problem)
+                result.problems.extend(await self._activate(new, self.config))
+                log.info("reloaded %s", self.config_path)
+            self.last_reload = result
+            status = self.supervisor.summary()
+            self.notifier.ready(status if result.ok else f"{status}; last reload refused: invalid configuration")
+            return result
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> dict[str, Any]:
+        workers = self.supervisor.status()
+        tenants: dict[str, Any] = {}
+        for tenant in self.config.tenants.values():
+            apps: dict[str, Any] = {}
+            for app in tenant.apps.values():
+                apps[app.name] = {
+                    "domains": list(app.domains),
+                    "root": app.root,
+                    "leaf": self._leaf_for(tenant.name, app.name),
+                    "default_group": app.default_group,
+                    "groups": {g: {"workers": workers.get((tenant.name, app.name, g), [])} for g in app.groups},
+                }
+            tenants[tenant.name] = {"apps": apps}
+        decision = self.cgroup_decision
+        last = self.last_reload
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "config": self.config_path,
+            "uptime": round(time.time() - self.started_at, 3),
+            "listen": str(self.config.server.listen),
+            "cgroups": {
+                "mode": self.config.server.cgroups.mode,
+                "enforced": self.tree is not None,
+                "base": self.cgroup_base,
+                "missing_controllers": list(self.tree.missing) if self.tree is not None else [],
+                "warning": decision.warning if decision is not None else None,
+            },
+            "last_reload": None if last is None else {
+                "ok": last.ok, "error": last.error, "problems": last.problems,
+                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last.at))},
+            "tenants": tenants,
+        }
+
+    # ------------------------------------------------------------------ run
+
+    async def run(self) -> int:
+        try:
+            self._claim_cgroups()
+            os.makedirs(os.path.join(self.config.server.runtime_dir, "workers"), mode=0o755, exist_ok=True)
+            await self.api.start()
+            await self.front.start()
+        except (StartupRefused, SocketInUse, ValueError, OSError) as exc:
+            log.error("refusing to start: %s", exc)
+            self.notifier.send(f"STATUS=refusing to start: {exc}")
+            await self._shutdown()
+            return 1
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._signals.put_nowait, signum.name)
+        await self._activate(self.config, None)
+        self.notifier.ready(self.supervisor.summary())
+        self.notifier.start_watchdog()
+        log.info("elasticd %s ready: front on %s, %s", __version__, self.config.server.listen,
+                 self.supervisor.summary())
+        while not self._stopping:
+            name = await self._signals.get()
+            await getattr(self, f"_on_{name.lower()}")()
+        await self._shutdown()
+        return 0
+
+    async def _on_sighup(self) -> None:
+        await self.reload()
+
+    async def _on_sigterm(self) -> None:
+        self._stopping = True
+
+    _on_sigint = _on_sigterm
+
+    async def _shutdown(self) -> None:
+        self.notifier.stopping()
+        log.info("stopping")
+        await self.notifier.stop_watchdog()
+        await self.front.stop()
+        await self.supervisor.stop_all()
+        if self.tree is not None:
+            await asyncio.gather(*(self._drain_leaf(t.name, a.name) for t, a in self.config.apps()))
+        await self.api.stop()
+        log.info("stopped")
+
+
+def _restart_only_changes(old: Config, new: Config) -> list[str]:
+    """Server keys a running daemon cannot take over in place: said once, applied at the next start."""
+    notes = []
+    for key in ("listen", "admin_socket", "admin_group", "runtime_dir", "cgroups"):
+        if getattr(old.server, key) != getattr(new.server, key):
+            notes.append(f"server.{key} changed: it takes effect when elasticd restarts")
+    return notes
+
+
+# ---------------------------------------------------------------------- command line
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="elasticd", description="Supervisor for multi-tenant Linux hosts.")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help=f"configuration file (default {DEFAULT_CONFIG})")
+    parser.add_argument("--check", action="store_true", help="validate the configuration and exit (0 ok, 1 not)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--version", action="version", version=f"elasticd {__version__}")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.check:
+        try:
+            config = load_config(args.config)
+        except ConfigError as exc:
+            print(f"{args.config}: invalid configuration", file=sys.stderr)
+            print(exc, file=sys.stderr)
+            return 1
+        groups = sum(1 for _ in config.groups())
+        print(f"{args.config}: ok ({len(config.tenants)} tenants, {groups} groups)")
+        return 0
+    setup_logging(getattr(logging, args.log_level.upper()))
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        log.error("invalid configuration %s:\n%s", args.config, exc)
+        return 1
+    path = str(Path(args.config).resolve())
+    return asyncio.run(Daemon(config, path).run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

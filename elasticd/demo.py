@@ -1,0 +1,198 @@
+"""The demo app: a worker that can be told to use CPU, memory, processes and disk, to prove the limits.
+
+Run as ``python -m elasticd.demo``, serving on ``ELASTIC_LISTEN`` (``unix:/path.sock`` or ``tcp:HOST:PORT``).
+Routes: ``/``, ``/cpu?ms=``, ``/mem?mb=``, ``/mem/free``, ``/sleep?ms=``, ``/fork?n=``, ``/io?mb=&path=``,
+``/echo`` (``?raw=1`` streams the body back). It holds what it takes (memory, children) until told or until it
+exits: a limit is only proven by something that stays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+
+from aiohttp import web
+
+MAX_MS, MAX_FORK, PAGE = 600_000, 100_000, 4096
+MAX_MB = 1 << 20  # 1 TiB: the kernel, not this app, should be what says no
+WORKER = os.environ.get("ELASTIC_WORKER_ID", "demo")
+
+_json = web.json_response
+_held: list[bytearray] = []
+_children: list[subprocess.Popen[bytes]] = []
+
+
+def _int(request: web.Request, name: str, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        raise web.HTTPBadRequest(text=f"missing parameter {name}\n")
+    try:
+        value = int(raw)
+    except ValueError:
+        raise web.HTTPBadRequest(text=f"{name}={raw!r} is not an integer\n") from None
+    if not low <= value <= high:
+        raise web.HTTPBadRequest(text=f"{name}={value} is out of range ({low}..{high})\n")
+    return value
+
+
+async def index(request: web.Request) -> web.Response:
+    greeting = os.environ.get("DEMO_GREETING")
+    line = f"worker {WORKER} pid {os.getpid()}\n"
+    return web.Response(text=f"{greeting}\n{line}" if greeting else line)
+
+
+async def cpu(request: web.Request) -> web.Response:
+    ms = _int(request, "ms", 0, MAX_MS)
+    # Busy in the handler on purpose: this is the worker's CPU, so the tenant's cpu.max throttles it.
+    start, cpu_start = time.monotonic(), time.process_time()
+    while time.monotonic() < start + ms / 1000:
+        pass
+    return _json({"ms": round((time.monotonic() - start) * 1000),
+                  "cpu_ms": round((time.process_time() - cpu_start) * 1000)})
+
+
+async def mem(request: web.Request) -> web.Response:
+    mb = _int(request, "mb", 0, MAX_MB)
+    try:
+        block = bytearray(mb << 20)
+        # calloc'd zero pages cost nothing until written: touch one byte per page so memory.current sees it.
+        block[::PAGE] = b"\x01" * len(range(0, len(block), PAGE))
+    except MemoryError:
+        return _json({"error": f"cannot allocate {mb} MB", "held_mb": _held_mb()}, status=507)
+    _held.append(block)
+    return _json({"allocated_mb": mb, "held_mb": _held_mb()})
+
+
+async def mem_free(request: web.Request) -> web.Response:
+    freed, _held[:] = _held_mb(), []
+    return _json({"freed_mb": freed, "held_mb": 0})
+
+
+def _held_mb() -> int:
+    return sum(map(len, _held)) >> 20
+
+
+async def sleep(request: web.Request) -> web.Response:
+    ms = _int(request, "ms", 0, MAX_MS)
+    await asyncio.sleep(ms / 1000)
+    return _json({"slept_ms": ms})
+
+
+async def fork(request: web.Request) -> web.Response:
+    n = _int(request, "n", 0, MAX_FORK)
+    _children[:] = [c for c in _children if c.poll() is None]  # reap the ones that ended (zombies count)
+    started, failed, error = 0, 0, None
+    for _ in range(n):  # one by one, so the count says where pids.max stopped it
+        try:
+            _children.append(subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL,
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            started += 1
+        except OSError as exc:  # BlockingIOError (EAGAIN) once pids.max is reached
+            failed += 1
+            error = error or f"{type(exc).__name__}: {exc}"
+    return _json({"requested": n, "started": started, "failed": failed, "error": error,
+                  "children": len(_children)})
+
+
+def _write(directory: str, mb: int) -> float:
+    fd, name = tempfile.mkstemp(prefix="demo-io-", dir=directory)
+    try:
+        chunk = os.urandom(1 << 20)  # incompressible, so a compressing filesystem cannot skip the work
+        start = time.monotonic()
+        with open(fd, "wb", buffering=0) as f:
+            for _ in range(mb):
+                f.write(chunk)
+                os.fsync(f.fileno())  # through to the disk, where io.max applies
+        return time.monotonic() - start
+    finally:
+        os.unlink(name)
+
+
+async def io(request: web.Request) -> web.Response:
+    mb = _int(request, "mb", 1, MAX_MB)
+    directory = request.query.get("path") or os.getcwd()
+    if not os.path.isdir(directory):
+        raise web.HTTPBadRequest(text=f"path={directory!r} is not a directory\n")
+    try:
+        seconds = await asyncio.to_thread(_write, directory, mb)
+    except OSError as exc:
+        return _json({"error": str(exc)}, status=500)
+    rate = round(mb / max(seconds, 1e-9), 1)
+    return _json({"mb": mb, "seconds": round(seconds, 3), "mb_per_s": rate, "path": directory})
+
+
+async def echo(request: web.Request) -> web.StreamResponse:
+    if request.query.get("raw") == "1":
+        out = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        out.content_length = request.content_length  # None (a chunked upload) streams back chunked
+        await out.prepare(request)
+        async for chunk in request.content.iter_any():
+            await out.write(chunk)
+        await out.write_eof()
+        return out
+    body_len = 0
+    async for chunk in request.content.iter_any():
+        body_len += len(chunk)
+    headers: dict[str, str] = {}
+    for name, value in request.headers.items():  # repeated headers joined, as HTTP allows
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    url = request.rel_url  # raw path and query: what the client (or the front) sent, undecoded
+    return _json({"method": request.method, "path": url.raw_path, "query": url.raw_query_string,
+                  "headers": headers, "body_len": body_len})
+
+
+def make_app() -> web.Application:
+    app = web.Application()
+    app.add_routes([web.get("/", index), web.get("/cpu", cpu), web.get("/mem", mem),
+                    web.get("/mem/free", mem_free), web.get("/sleep", sleep), web.get("/fork", fork),
+                    web.get("/io", io), web.route("*", "/echo", echo)])
+    return app
+
+
+def _kill_children() -> None:
+    for child in _children:
+        child.kill()
+    for child in _children:
+        child.wait()  # reaped, so nothing lingers as a zombie
+    _children.clear()
+
+
+async def serve(listen: str) -> None:
+    kind, _, where = listen.partition(":")
+    host, _, port = where.rpartition(":")
+    if not ((kind == "unix" and where) or (kind == "tcp" and port.isdigit())):
+        raise SystemExit(f"ELASTIC_LISTEN={listen!r}: expected unix:/path or tcp:HOST:PORT")
+    # aiohttp >= 3.9 takes the shutdown grace on the runner, 3.8 (Debian bookworm) on the site.
+    on_runner = "shutdown_timeout" in inspect.signature(web.BaseRunner.__init__).parameters
+    grace: dict[str, float] = {"shutdown_timeout": 5.0}
+    runner = web.AppRunner(make_app(), access_log=None, **(grace if on_runner else {}))
+    await runner.setup()
+    if kind == "unix" and os.path.exists(where) and stat.S_ISSOCK(os.lstat(where).st_mode):
+        os.unlink(where)  # stale socket of a previous run: binding would fail on it
+    site_grace: dict[str, float] = {} if on_runner else grace
+    await (web.UnixSite(runner, where, **site_grace) if kind == "unix"
+           else web.TCPSite(runner, host.strip("[]"), int(port), **site_grace)).start()
+    print(f"demo worker {WORKER} listening on {listen}", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        _kill_children()  # first: the runner's grace may outlast the supervisor's patience
+        await runner.cleanup()
+
+
+def main() -> None:
+    asyncio.run(serve(os.environ.get("ELASTIC_LISTEN", "tcp:127.0.0.1:8000")))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""The supervisor: runs each configured group's workers and brings them in line with a new config.
+
+``apply(config)`` is the one entry point for start and reload: it diffs (``plan``) and carries out the
+diff. A group whose spec changed is replaced without a gap: new workers are started and awaited until
+routable, and only then are the old ones stopped; if the new ones never become routable the old ones stay
+and the error is reported. Workers whose definition did not change are not touched (same pid).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from elasticd.config import Config
+from elasticd.supervisor.plan import Desired, GroupKey, Plan, plan
+from elasticd.supervisor.spawn import WorkerSpec, spec_for
+from elasticd.supervisor.worker import Worker
+
+__all__ = ["ApplyResult", "Supervisor"]
+
+log = logging.getLogger("elasticd.supervisor")
+
+# How long a start or reload waits for new workers to accept connections before it reports them.
+START_WAIT = 30.0
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    plan: Plan
+    problems: list[str]
+
+
+class _Group:
+    __slots__ = ("counter", "desired", "workers")
+
+    def __init__(self, desired: Desired) -> None:
+        self.desired = desired
+        self.workers: list[Worker] = []
+        self.counter = 0
+
+
+class Supervisor:
+    __slots__ = ("_groups", "_lock", "leaf_for", "occupancy_interval", "on_worker_state", "runtime_dir",
+                 "start_wait", "stop_timeout")
+
+    def __init__(self, runtime_dir: str, leaf_for: Callable[[str, str], str | None], *,
+                 stop_timeout: float = 10.0, occupancy_interval: float = 5.0,
+                 start_wait: float = START_WAIT) -> None:
+        self.runtime_dir = runtime_dir
+        self.leaf_for = leaf_for
+        self.stop_timeout = stop_timeout
+        self.occupancy_interval = occupancy_interval
+        self.start_wait = start_wait
+        self.on_worker_state: Callable[[Worker], None] | None = None
+        self._groups: dict[GroupKey, _Group] = {}
+        self._lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ views
+
+    def routable(self, tenant: str, app: str, group: str) -> list[Worker]:
+        entry = self._groups.get((tenant, app, group))
+        return [w for w in entry.workers if w.routable] if entry else []
+
+    def workers(self) -> Iterable[Worker]:
+        for entry in self._groups.values():
+            yield from entry.workers
+
+    def find(self, worker_id: str) -> Worker | None:
+        return next((w for w in self.workers() if w.id == worker_id), None)
+
+    def status(self) -> dict[GroupKey, list[dict[str, object]]]:
+        return {key: [w.describe() for w in entry.workers] for key, entry in self._groups.items()}
+
+    def summary(self) -> str:
+        workers = list(self.workers())
+        running = sum(1 for w in workers if w.routable)
+        failed = sum(1 for w in workers if w.state == "failed")
+        text = f"{len(self._groups)} groups, {running}/{len(workers)} workers running"
+        return text + (f", {failed} failed" if failed else "")
+
+    # ------------------------------------------------------------------ apply
+
+    def desired(self, config: Config) -> dict[GroupKey, Desired]:
+        return {
+            (tenant.name, app.name, group.name):
+                Desired(spec_for(app, group, self.leaf_for(tenant.name, app.name)), group.pool.min_workers)
+            for tenant, app, group in config.groups()
+        }
+
+    async def apply(self, config: Config) -> ApplyResult:
+        async with self._lock:
+            self.stop_timeout = config.server.stop_timeout
+            self.occupancy_interval = config.server.occupancy_interval
+            os.makedirs(os.path.join(self.runtime_dir, "workers"), mode=0o755, exist_ok=True)
+            desired = self.desired(config)
+            running = {key: entry.desired for key, entry in self._groups.items()}
+            todo = plan(running, desired)
+            problems: list[str] = []
+            # Removed groups first (their traffic is already routed away), then what needs new processes.
+            await asyncio.gather(*(self._stop_group(key) for key in todo.stop))
+            results = await asyncio.gather(
+                *(self._start_group(key, desired[key]) for key in todo.start),
+                *(self._replace_group(key, desired[key]) for key in todo.replace),
+                *(self._resize_group(key, desired[key]) for key in todo.resize),
+            )
+            for found in results:
+                problems.extend(found)
+            for key in todo.keep:
+                # Unchanged, but a failed worker gets a fresh chance: a reload is the operator's retry.
+                self._groups[key].desired = desired[key]
+                problems.extend(await self._revive_failed(key))
+            return ApplyResult(todo, problems)
+
+    async def stop_all(self) -> None:
+        async with self._lock:
+            await asyncio.gather(*(self._stop_group(key) for key in list(self._groups)))
+
+    # ------------------------------------------------------------------ the steps
+
+    def _new_worker(self, key: GroupKey, entry: _Group, spec: WorkerSpec) -> Worker:
+        entry.counter += 1
+        tenant, app, group = key
+        worker = Worker(f"{tenant}.{app}.{group}.{entry.counter}", tenant, app, group, spec,
+                        runtime_dir=self.runtime_dir, occupancy_interval=self.occupancy_interval)
+        worker.on_state = self.on_worker_state
+        return worker
+
+    async def _launch(self, key: GroupKey, entry: _Group, spec: WorkerSpec, count: int) -> tuple[list[Worker],
+                                                                                                   list[str]]:
+        fresh = [self._new_worker(key, entry, spec) for _ in range(count)]
+        for worker in fresh:
+            worker.start()
+        ready = await asyncio.gather(*(w.wait_routable(self.start_wait) for w in fresh))
+        problems = [f"worker {w.id} is not routable ({w.state}) after {self.start_wait:g}s"
+                    for w, ok in zip(fresh, ready, strict=True) if not ok]
+        for problem in problems:
+            log.error("%s", problem)
+        return fresh, problems
+
+    async def _start_group(self, key: GroupKey, want: Desired) -> list[str]:
+        entry = self._groups[key] = _Group(want)
+        fresh, problems = await self._launch(key, entry, want.spec, want.count)
+        entry.workers.extend(fresh)
+        return problems
+
+    async def _replace_group(self, key: GroupKey, want: Desired) -> list[str]:
+        entry = self._groups[key]
+        old = list(entry.workers)
+        fresh, problems = await self._launch(key, entry, want.spec, want.count)
+        if any(w.routable for w in fresh) or not any(w.routable for w in old):
+            entry.workers = fresh
+            entry.desired = want
+            await self._stop_workers(old)
+        else:
+            # The new definition does not come up while the old one serves: keep serving the old one.
+            problems.append(f"group {'/'.join(key)}: the new definition did not start; the previous workers "
+                            "keep serving")
+            entry.workers = old
+            await self._stop_workers(fresh)
+        return problems
+
+    async def _resize_group(self, key: GroupKey, want: Desired) -> list[str]:
+        entry = self._groups[key]
+        entry.desired = want
+        surplus = len(entry.workers) - want.count
+        if surplus > 0:
+            # The newest go first: the oldest is the reception users were born on.
+            leaving, entry.workers = entry.workers[want.count:], entry.workers[:want.count]
+            await self._stop_workers(leaving)
+            return []
+        fresh, problems = await self._launch(key, entry, want.spec, -surplus)
+        entry.workers.extend(fresh)
+        return problems
+
+    async def _revive_failed(self, key: GroupKey) -> list[str]:
+        entry = self._groups[key]
+        failed = [w for w in entry.workers if w.state == "failed"]
+        if not failed:
+            return []
+        entry.workers = [w for w in entry.workers if w.state != "failed"]
+        await self._stop_workers(failed)
+        fresh, problems = await self._launch(key, entry, entry.desired.spec, len(failed))
+        entry.workers.extend(fresh)
+        return problems
+
+    async def _stop_group(self, key: GroupKey) -> None:
+        entry = self._groups.pop(key, None)
+        if entry is not None:
+            await self._stop_workers(entry.workers)
+
+    async def _stop_workers(self, workers: list[Worker]) -> None:
+        await asyncio.gather(*(w.stop(self.stop_timeout) for w in workers))

@@ -1,0 +1,247 @@
+"""One worker: a process tree started from a spec, watched, restarted with backoff, stopped with grace.
+
+A ``Worker`` keeps its id across restarts (status shows its restart count); each start gets a fresh token
+and process. The run loop is one task per worker; everything it decides (delays, the failed verdict) comes
+from ``RestartPolicy``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import time
+from collections.abc import Callable, Mapping
+
+import psutil
+
+from elasticd.supervisor.backoff import RestartPolicy
+from elasticd.supervisor.spawn import WorkerSpec, socket_path, spawn_argv, worker_env
+
+__all__ = ["Worker"]
+
+log = logging.getLogger("elasticd.worker")
+
+_READY_POLL = 0.05  # seconds between connection attempts while a worker starts
+_LOG_CHUNK = 65536
+
+
+class Worker:
+    """States: starting → running (routable) → stopping → stopped; backoff between restarts; failed."""
+
+    __slots__ = ("_exited", "_process", "_ready", "_stop_requested", "_task", "app", "group", "id", "on_state",
+                 "policy", "restarts", "socket_path", "spec", "started_at", "state", "tenant", "token",
+                 "_base_env", "_occupancy_interval", "_runtime_dir", "_clock")
+
+    def __init__(self, worker_id: str, tenant: str, app: str, group: str, spec: WorkerSpec, *,
+                 runtime_dir: str, occupancy_interval: float, base_env: Mapping[str, str] | None = None,
+                 policy: RestartPolicy | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.id = worker_id
+        self.tenant = tenant
+        self.app = app
+        self.group = group
+        self.spec = spec
+        self.socket_path = socket_path(runtime_dir, worker_id)
+        self.token = ""
+        self.state = "new"
+        self.restarts = 0
+        self.started_at: float | None = None
+        self.policy = policy or RestartPolicy()
+        self.on_state: Callable[[Worker], None] | None = None
+        self._runtime_dir = runtime_dir
+        self._occupancy_interval = occupancy_interval
+        self._base_env = dict(os.environ if base_env is None else base_env)
+        self._clock = clock
+        self._process: asyncio.subprocess.Process | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+        self._exited = asyncio.Event()
+        self._stop_requested = False
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def pid(self) -> int | None:
+        process = self._process
+        return process.pid if process is not None and process.returncode is None else None
+
+    @property
+    def routable(self) -> bool:
+        return self.state == "running"
+
+    def uptime(self) -> float | None:
+        if self.state != "running" or self.started_at is None:
+            return None
+        return self._clock() - self.started_at
+
+    def describe(self) -> dict[str, object]:
+        uptime = self.uptime()
+        return {"id": self.id, "pid": self.pid, "state": self.state,
+                "uptime": round(uptime, 3) if uptime is not None else None, "restarts": self.restarts}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"worker {self.id}")
+
+    async def wait_routable(self, timeout: float) -> bool:
+        """True once the worker accepts connections; False on timeout or when it failed."""
+        ready = asyncio.ensure_future(self._ready.wait())
+        done = asyncio.ensure_future(self._exited.wait())
+        try:
+            await asyncio.wait({ready, done}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+            done.cancel()
+        return self.routable
+
+    async def stop(self, grace: float) -> None:
+        """SIGTERM, wait ``grace`` seconds, SIGKILL the process tree; never restarts afterwards."""
+        self._stop_requested = True
+        process = self._process
+        if process is not None and process.returncode is None:
+            self._set_state("stopping")
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), grace)
+            except asyncio.TimeoutError:
+                log.warning("worker %s did not stop within %gs: killing it", self.id, grace)
+                _kill_tree(process.pid)
+                await process.wait()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._set_state("stopped")
+        self._exited.set()
+
+    # ------------------------------------------------------------------ the run loop
+
+    async def _run(self) -> None:
+        while not self._stop_requested:
+            returncode = await self._run_once()
+            if self._stop_requested:
+                return
+            now = self._clock()
+            delay = self.policy.on_exit(now, self.started_at or now)
+            if delay is None:
+                log.error("worker %s exited with %s and has died %d times within %gs: marked failed, "
+                          "not restarted (a reload retries it)", self.id, _describe_exit(returncode),
+                          self.policy.max_deaths, self.policy.window)
+                self._set_state("failed")
+                self._exited.set()
+                return
+            log.warning("worker %s exited with %s; restarting in %gs", self.id, _describe_exit(returncode),
+                        delay)
+            self._set_state("backoff")
+            await asyncio.sleep(delay)
+            self.restarts += 1
+
+    async def _run_once(self) -> int | None:
+        self._ready.clear()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        self.token = secrets.token_hex(16)
+        env = worker_env(self.spec, self._base_env, worker_id=self.id, token=self.token,
+                         runtime_dir=self._runtime_dir, occupancy_interval=self._occupancy_interval)
+        cwd = self.spec.cwd if os.path.isdir(self.spec.cwd) else "/"
+        self.started_at = self._clock()
+        self._set_state("starting")
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *spawn_argv(self.spec), env=env, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                # Its own session and process group: signals sent to elasticd's terminal or group do not
+                # reach it, and the whole group can be killed when the worker goes.
+                start_new_session=True)
+        except OSError as exc:
+            log.error("worker %s could not be started: %s", self.id, exc)
+            return None
+        self._process = process
+        log.info("worker %s started, pid %d", self.id, process.pid)
+        pump = asyncio.create_task(self._pump_output(process))
+        probe = asyncio.create_task(self._await_socket(process))
+        try:
+            returncode = await process.wait()
+        finally:
+            probe.cancel()
+            # Children the worker left behind in its process group would otherwise outlive it (and hold
+            # the leaf busy). The group id cannot be reused while any member lives, so this is safe.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(pump, 1.0)
+        self._ready.clear()
+        if not self._stop_requested:
+            self._set_state("exited")
+        return returncode
+
+    async def _await_socket(self, process: asyncio.subprocess.Process) -> None:
+        """Routable = its socket accepts a connection (the worker contract)."""
+        while process.returncode is None:
+            try:
+                _, writer = await asyncio.open_unix_connection(self.socket_path)
+            except OSError:
+                await asyncio.sleep(_READY_POLL)
+                continue
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            if process.returncode is None and not self._stop_requested:
+                self._set_state("running")
+                self._ready.set()
+            return
+
+    async def _pump_output(self, process: asyncio.subprocess.Process) -> None:
+        """Worker output goes to elasticd's log, one line at a time, prefixed by the worker id."""
+        assert process.stdout is not None
+        pending = b""
+        while True:
+            chunk = await process.stdout.read(_LOG_CHUNK)
+            if not chunk:
+                break
+            lines = (pending + chunk).split(b"\n")
+            pending = lines.pop()
+            if len(pending) > _LOG_CHUNK:  # a runaway line: log it in pieces rather than buffer forever
+                lines.append(pending)
+                pending = b""
+            for line in lines:
+                log.info("[%s] %s", self.id, line.decode("utf-8", "replace").rstrip("\r"))
+        if pending:
+            log.info("[%s] %s", self.id, pending.decode("utf-8", "replace"))
+
+    def _set_state(self, state: str) -> None:
+        if state == self.state:
+            return
+        self.state = state
+        if self.on_state is not None:
+            self.on_state(self)
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL the worker's process group and any descendants that left it (setsid, double fork)."""
+    try:
+        descendants = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    for child in descendants:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+
+
+def _describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "no process"
+    if returncode < 0:
+        try:
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"status {returncode}"

@@ -1,0 +1,202 @@
+"""Runs a real elasticd as a subprocess on a fake cgroup tree, with a real NOTIFY_SOCKET, for functional tests.
+
+Everything lives under one temporary directory: the fake tree, the runtime dir, the admin socket, the config.
+The daemon is stopped by its pid at the end; every worker pid it reported is checked to be gone.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fake_cgroup_tree(path: Path, controllers: str = "cpu memory pids io") -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "cgroup.controllers").write_text(controllers + "\n")
+    (path / "cgroup.procs").write_text("")
+    return path
+
+
+class NotifySocket:
+    """The systemd side of sd_notify: a datagram socket collecting every message the daemon sends."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.messages: list[dict[str, str]] = []
+
+    def wait_for(self, key: str, value: str | None = None, timeout: float = 30.0, after: int = 0) -> dict[str, str]:
+        """The first message (from index ``after``) that sets ``key`` (to ``value``)."""
+        deadline = time.monotonic() + timeout
+        index = after
+        while True:
+            while index < len(self.messages):
+                message = self.messages[index]
+                index += 1
+                if key in message and (value is None or message[key] == value):
+                    return message
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no {key}={value} from the daemon in {timeout}s; got {self.messages}")
+            self.sock.settimeout(remaining)
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            self.messages.append(dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line))
+
+    def drain(self) -> None:
+        """Collect what was sent and not yet read (e.g. STOPPING=1 from a daemon that has exited)."""
+        self.sock.setblocking(False)
+        try:
+            while True:
+                data = self.sock.recv(65536)
+                self.messages.append(dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line))
+        except BlockingIOError:
+            pass
+        finally:
+            self.sock.setblocking(True)
+
+    def close(self) -> None:
+        if self.sock.fileno() != -1:
+            self.drain()
+            self.sock.close()
+
+
+class Daemon:
+    def __init__(self, tmp: Path, tenants_yaml: str, *, mode: str = "required", stop_timeout: str = "3s",
+                 extra_server: str = "") -> None:
+        self.tmp = tmp
+        self.cgroup = fake_cgroup_tree(tmp / "cg")
+        self.runtime = tmp / "run"
+        self.admin = tmp / "admin.sock"
+        self.port = free_port()
+        self.config_path = tmp / "elastic.yaml"
+        self.log_path = tmp / "elasticd.log"
+        self.server_yaml = textwrap.dedent(f"""\
+            server:
+              listen: 127.0.0.1:{self.port}
+              metrics_listen: 127.0.0.1:{free_port()}
+              admin_socket: {self.admin}
+              runtime_dir: {self.runtime}
+              stop_timeout: {stop_timeout}
+              cgroups: {{mode: {mode}, path: {self.cgroup}}}
+            """) + extra_server
+        self.write_config(tenants_yaml)
+        self.notify = NotifySocket(tmp / "notify.sock")
+        self.process: subprocess.Popen[bytes] | None = None
+        self.seen_pids: set[int] = set()
+
+    def write_config(self, tenants_yaml: str) -> None:
+        self.config_path.write_text(self.server_yaml + textwrap.dedent(tenants_yaml))
+
+    def start(self, wait_ready: bool = True) -> None:
+        env = {**os.environ, "NOTIFY_SOCKET": str(self.notify.path)}
+        env.pop("JOURNAL_STREAM", None)
+        self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen([PYTHON, "-m", "elasticd.daemon", "--config", str(self.config_path)],
+                                        env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        if wait_ready:
+            self.notify.wait_for("READY", "1")
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(signum)
+
+    def reload(self) -> dict[str, str]:
+        """SIGHUP, then the READY=1 that follows RELOADING=1."""
+        mark = len(self.notify.messages)
+        self.signal(signal.SIGHUP)
+        reloading = self.notify.wait_for("RELOADING", "1", after=mark)
+        index = self.notify.messages.index(reloading)
+        return self.notify.wait_for("READY", "1", after=index + 1)
+
+    def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PYTHON, "-m", "elasticd.ctl", "--socket", str(self.admin), *args],
+                              capture_output=True, text=True, timeout=60)
+
+    def status(self) -> dict[str, Any]:
+        result = self.ctl("status", "--json")
+        assert result.returncode == 0, result.stderr
+        data = json.loads(result.stdout)
+        for tenant in data["tenants"].values():
+            for app in tenant["apps"].values():
+                for group in app["groups"].values():
+                    self.seen_pids.update(w["pid"] for w in group["workers"] if w["pid"])
+        return data
+
+    def workers(self, tenant: str, app: str, group: str) -> list[dict[str, Any]]:
+        return self.status()["tenants"][tenant]["apps"][app]["groups"][group]["workers"]
+
+    def wait_workers(self, tenant: str, app: str, group: str, predicate, timeout: float = 30.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            workers = self.workers(tenant, app, group)
+            if predicate(workers):
+                return workers
+            if time.monotonic() > deadline:
+                raise AssertionError(f"workers of {tenant}/{app}/{group} never matched: {workers}")
+            time.sleep(0.1)
+
+    def get(self, host: str, path: str = "/", headers: dict[str, str] | None = None) -> tuple[int, str, Any]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.request("GET", path, headers={"Host": host, **(headers or {})})
+            response = conn.getresponse()
+            return response.status, response.read().decode(errors="replace"), response.headers
+        finally:
+            conn.close()
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+        self.notify.close()
+        return self.process.returncode
+
+    def leftover_workers(self) -> list[int]:
+        alive = []
+        for pid in self.seen_pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+
+    def kill_leftovers(self) -> None:
+        for pid in self.leftover_workers():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

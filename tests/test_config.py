@@ -1,0 +1,331 @@
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from elasticd.config import ConfigError, load_config, parse_config
+from elasticd.units import UnitError, format_size, parse_cpu, parse_duration, parse_size
+
+ROOT = Path(__file__).resolve().parent.parent
+
+MINIMAL = """\
+tenants:
+  acme:
+    resources:
+      cpu: 150%
+    apps:
+      shop:
+        domains: [shop.localhost]
+        root: /srv/acme/shop
+        groups:
+          green:
+            command: ["{python}", "-m", "elasticd.demo"]
+"""
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("150%", 150.0), ("1%", 1.0), ("12.5%", 12.5), ("max", None), (" 50% ", 50.0),
+])
+def test_cpu_values(text, expected):
+    assert parse_cpu(text) == expected
+
+
+@pytest.mark.parametrize("text", ["15O%", "150", "-5%", "0.5%", "", "%", True])
+def test_cpu_refusals(text):
+    with pytest.raises(UnitError):
+        parse_cpu(text)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("1G", 1024**3), ("512M", 512 * 1024**2), ("1K", 1024), ("2T", 2 * 1024**4), (0, 0), ("4096", 4096),
+    (4096, 4096), ("1.5G", 1536 * 1024**2), ("max", None),
+])
+def test_size_values(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["1g", "1GB", "-1", "1.3K", "ten", "1 G"])
+def test_size_refusals(text):
+    with pytest.raises(UnitError):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(("text", "expected"), [("500ms", 0.5), ("5s", 5.0), ("30m", 1800.0), ("1.5s", 1.5)])
+def test_duration_values(text, expected):
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["5", "5h", "0s", "s", "-1s"])
+def test_duration_refusals(text):
+    with pytest.raises(UnitError):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(("n", "text"), [(1024**3, "1G"), (512 * 1024**2, "512M"), (1000, "1000"), (None, "max")])
+def test_format_size(n, text):
+    assert format_size(n) == text
+
+
+def test_example_config_is_valid():
+    config = load_config(ROOT / "etc" / "elastic.yaml.example")
+    assert set(config.tenants) == {"acme", "globex"}
+    acme = config.tenants["acme"]
+    assert acme.resources.cpu == 150.0
+    assert acme.resources.memory == 1024**3
+    assert acme.resources.io_read == 50 * 1024**2
+    shop = acme.apps["shop"]
+    assert shop.default_group == "green"
+    assert shop.groups["green"].command == ("{python}", "-m", "elasticd.demo")
+
+
+def test_defaults():
+    config = parse_config(MINIMAL)
+    assert config.server.stop_timeout == 10.0
+    assert config.server.cgroups.mode == "auto"
+    assert config.server.cgroups.path is None
+    acme = config.tenants["acme"]
+    assert acme.resources.swap == 0  # not unlimited: a memory limit must not be absorbed by swap
+    assert acme.resources.memory is None
+    app = acme.apps["shop"]
+    assert app.default_group == "green"
+    assert app.groups["green"].pool.min_workers == 1
+    assert app.groups["green"].python is None
+
+
+def _errors(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(textwrap.dedent(text))
+    return [str(issue) for issue in info.value.issues]
+
+
+# One row per rule: the config text and the error it must produce (path and line included).
+BAD = [
+    ("cpu not a percentage", """\
+        tenants:
+          acme:
+            resources:
+              cpu: 15O%
+        """, 'tenants.acme.resources.cpu (line 4): "15O%" is not a percentage'),
+    ("memory unit", """\
+        tenants:
+          acme:
+            resources:
+              memory: 1GB
+        """, 'tenants.acme.resources.memory (line 4): "1GB" is not a size'),
+    ("memory zero", """\
+        tenants:
+          acme:
+            resources:
+              memory: 0
+        """, "tenants.acme.resources.memory (line 4): \"0\" must be more than 0"),
+    ("pids not a number", """\
+        tenants:
+          acme:
+            resources:
+              pids: lots
+        """, 'tenants.acme.resources.pids (line 4): "lots" is not a whole number or "max"'),
+    ("io weight range", """\
+        tenants:
+          acme:
+            resources:
+              io_weight: 20000
+        """, "tenants.acme.resources.io_weight (line 4): 20000 is out of range"),
+    ("io bandwidth key", """\
+        tenants:
+          acme:
+            resources:
+              io_bandwidth: {reed: 5M}
+        """, "tenants.acme.resources.io_bandwidth.reed (line 4): unknown key"),
+    ("unknown resource", """\
+        tenants:
+          acme:
+            resources:
+              cpus: 50%
+        """, "tenants.acme.resources.cpus (line 4): unknown key"),
+    ("bad tenant name", """\
+        tenants:
+          Acme:
+            apps: {}
+        """, 'tenants.Acme (line 2): "Acme" is not a valid tenant name'),
+    ("escaping app name", """\
+        tenants:
+          acme:
+            apps:
+              ../etc:
+                domains: [a.localhost]
+        """, 'tenants.acme.apps.../etc (line 4): "../etc" is not a valid app name'),
+    ("duration without unit", """\
+        server:
+          stop_timeout: 10
+        """, "server.stop_timeout (line 2): \"10\" is not a duration"),
+    ("bad listen", """\
+        server:
+          listen: localhost
+        """, 'server.listen (line 2): "localhost" is not HOST:PORT'),
+    ("bad mode", """\
+        server:
+          cgroups:
+            mode: sometimes
+        """, 'server.cgroups.mode (line 3): "sometimes" is not a mode'),
+    ("relative base", """\
+        server:
+          cgroups:
+            path: sys/fs/cgroup
+        """, 'server.cgroups.path (line 3): "sys/fs/cgroup" is not an absolute path'),
+    ("shell string command", """\
+        tenants:
+          acme:
+            apps:
+              shop:
+                domains: [shop.localhost]
+                root: /srv/shop
+                groups:
+                  green:
+                    command: "python -m app"
+        """, "tenants.acme.apps.shop.groups.green.command (line 9): must be a non-empty list"),
+    ("missing root", """\
+        tenants:
+          acme:
+            apps:
+              shop:
+                domains: [shop.localhost]
+                groups:
+                  green: {command: [app]}
+        """, "tenants.acme.apps.shop.root (line 4): is required"),
+    ("unknown default group", """\
+        tenants:
+          acme:
+            apps:
+              shop:
+                domains: [shop.localhost]
+                root: /srv/shop
+                default_group: blue
+                groups:
+                  green: {command: [app]}
+        """, 'tenants.acme.apps.shop.default_group (line 7): "blue" is not one of its groups (green)'),
+    ("min over max", """\
+        tenants:
+          acme:
+            apps:
+              shop:
+                domains: [shop.localhost]
+                root: /srv/shop
+                groups:
+                  green:
+                    command: [app]
+                    pool: {min_workers: 5, max_workers: 2}
+        """, "tenants.acme.apps.shop.groups.green.pool.min_workers (line 10): 5 is more than max_workers (2)"),
+    ("threshold range", """\
+        tenants:
+          acme:
+            apps:
+              shop:
+                domains: [shop.localhost]
+                root: /srv/shop
+                groups:
+                  green:
+                    command: [app]
+                    pool:
+                      admission_threshold: 1.5
+        """, "tenants.acme.apps.shop.groups.green.pool.admission_threshold (line 11): 1.5 is not between 0 and 1"),
+    ("reserved env", """\
+        tenants:
+          acme:
+            apps:
+              shop:
+                domains: [shop.localhost]
+                root: /srv/shop
+                groups:
+                  green:
+                    command: [app]
+                    env: {ELASTIC_TOKEN: x}
+        """, "tenants.acme.apps.shop.groups.green.env.ELASTIC_TOKEN (line 10): ELASTIC_* variables are set"),
+    ("bad domain", """\
+        tenants:
+          acme:
+            apps:
+              shop:
+                domains: ["shop localhost"]
+                root: /srv/shop
+                groups:
+                  green: {command: [app]}
+        """, 'tenants.acme.apps.shop.domains[0] (line 5): "shop localhost" is not a host name'),
+    ("domain twice", """\
+        tenants:
+          acme:
+            apps:
+              shop:
+                domains: [shop.localhost]
+                root: /srv/shop
+                groups:
+                  green: {command: [app]}
+          globex:
+            apps:
+              blog:
+                domains: [SHOP.localhost]
+                root: /srv/blog
+                groups:
+                  main: {command: [app]}
+        """, 'tenants.globex.apps.blog.domains (line 12): "shop.localhost" is already routed to '
+             "tenants.acme.apps.shop"),
+    ("burst alone", """\
+        tenants:
+          acme:
+            quotas:
+              burst: 10
+        """, "tenants.acme.quotas.burst (line 4): needs requests_per_second beside it"),
+    ("unknown top key", """\
+        tenant:
+          acme: {}
+        """, "tenant (line 1): unknown key"),
+    ("not yaml", """\
+        tenants:
+          acme: [1,
+        """, "line 3: not valid YAML"),
+    ("duplicate key", """\
+        tenants:
+          acme: {}
+          acme: {}
+        """, "not valid YAML"),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), BAD, ids=[row[0] for row in BAD])
+def test_each_rule_names_path_and_line(name, text, expected):
+    errors = _errors(text)
+    assert any(expected in e for e in errors), errors
+
+
+def test_every_error_of_a_file_is_reported_at_once():
+    errors = _errors("""\
+        server:
+          listen: nowhere
+          stop_timeout: soon
+        tenants:
+          acme:
+            resources:
+              cpu: lots
+              memory: huge
+        """)
+    assert len(errors) == 4
+    assert [e.split(" ")[0] for e in errors] == [
+        "server.listen", "server.stop_timeout", "tenants.acme.resources.cpu", "tenants.acme.resources.memory"]
+
+
+def test_unreadable_file(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "missing.yaml")
+    assert "cannot read" in str(info.value)
+
+
+def test_empty_file_is_an_empty_config():
+    config = parse_config("")
+    assert config.tenants == {}
+
+
+def test_ipv6_listen():
+    config = parse_config('server: {listen: "[::1]:8081"}')
+    assert (config.server.listen.host, config.server.listen.port) == ("::1", 8081)
+    assert str(config.server.listen) == "[::1]:8081"

@@ -1,0 +1,233 @@
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from elasticd.config import App, Group
+from elasticd.supervisor.backoff import RestartPolicy
+from elasticd.supervisor.plan import Desired, plan
+from elasticd.supervisor.spawn import TRAMPOLINE, WorkerSpec, spawn_argv, spec_for, worker_env
+from elasticd.supervisor.worker import Worker
+
+# ---------------------------------------------------------------------- backoff (pure, a table)
+
+# (seconds the worker ran, seconds since the previous death) → expected delay (None = failed)
+BACKOFF_TABLE = [
+    ("first crash waits 1s", [(0.1, 0)], [1.0]),
+    ("doubling", [(0.1, 0), (0.1, 1), (0.1, 2)], [1.0, 2.0, 4.0]),
+    ("five deaths within 60s: failed", [(0.1, 0), (0.1, 1), (0.1, 2), (0.1, 4), (0.1, 8)],
+     [1.0, 2.0, 4.0, 8.0, None]),
+    ("healthy for 60s resets the delay", [(0.1, 0), (0.1, 1), (0.1, 2), (61, 65)], [1.0, 2.0, 4.0, 1.0]),
+    ("old deaths leave the window", [(5, 0), (5, 10), (5, 20), (5, 40), (5, 70), (5, 90)],
+     [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]),
+    ("capped at 60s", [(30, 0), (30, 61), (30, 122), (30, 183), (30, 244), (30, 305), (30, 366), (30, 427)],
+     [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]),
+]
+
+
+@pytest.mark.parametrize(("name", "events", "expected"), BACKOFF_TABLE, ids=[r[0] for r in BACKOFF_TABLE])
+def test_backoff(name, events, expected):
+    policy = RestartPolicy()
+    now = 1000.0
+    got = []
+    for ran, gap in events:
+        now += gap
+        got.append(policy.on_exit(now, now - ran))
+    assert got == expected
+
+
+# ---------------------------------------------------------------------- plan (pure, a table)
+
+
+def _spec(argv: str = "app", env: tuple = ()) -> WorkerSpec:
+    return WorkerSpec(argv=(argv,), env=env, cwd="/srv", leaf="/cg/t/a")
+
+
+def test_plan_diff():
+    running = {
+        ("t", "a", "keep"): Desired(_spec(), 1),
+        ("t", "a", "cmd"): Desired(_spec("old"), 1),
+        ("t", "a", "env"): Desired(_spec(env=(("A", "1"),)), 1),
+        ("t", "a", "more"): Desired(_spec(), 1),
+        ("t", "gone", "g"): Desired(_spec(), 1),
+    }
+    desired = {
+        ("t", "a", "keep"): Desired(_spec(), 1),
+        ("t", "a", "cmd"): Desired(_spec("new"), 1),
+        ("t", "a", "env"): Desired(_spec(env=(("A", "2"),)), 1),
+        ("t", "a", "more"): Desired(_spec(), 3),
+        ("t", "new", "g"): Desired(_spec(), 1),
+    }
+    result = plan(running, desired)
+    assert result.keep == [("t", "a", "keep")]
+    assert sorted(result.replace) == [("t", "a", "cmd"), ("t", "a", "env")]
+    assert result.resize == [("t", "a", "more")]
+    assert result.start == [("t", "new", "g")]
+    assert result.stop == [("t", "gone", "g")]
+    assert result.removed_apps(desired) == {("t", "gone")}
+
+
+def test_spec_substitutes_python_and_keeps_argv_verbatim():
+    group = Group(name="g", command=("{python}", "-m", "app", "{python}x"), python="/venv/bin/python")
+    app = App(name="a", domains=("a.localhost",), root="/srv/a", default_group="g", groups={"g": group})
+    spec = spec_for(app, group, "/cg/tenants/t/a")
+    assert spec.argv == ("/venv/bin/python", "-m", "app", "/venv/bin/pythonx")
+    assert spawn_argv(spec) == ["/bin/sh", "-c", TRAMPOLINE, "/cg/tenants/t/a", *spec.argv]
+    own = spec_for(app, Group(name="g", command=("{python}",)), None)
+    assert own.argv == (sys.executable,)
+    assert spawn_argv(own) == [sys.executable]
+
+
+def test_worker_env_contract():
+    spec = WorkerSpec(argv=("x",), env=(("APP_MODE", "prod"),), cwd="/", leaf=None)
+    env = worker_env(spec, {"PATH": "/bin", "NOTIFY_SOCKET": "/run/systemd/notify", "JOURNAL_STREAM": "1:2"},
+                     worker_id="t.a.g.1", token="secret", runtime_dir="/run/elasticd", occupancy_interval=0.5)
+    assert env == {
+        "PATH": "/bin", "APP_MODE": "prod",
+        "ELASTIC_LISTEN": "unix:/run/elasticd/workers/t.a.g.1.sock",
+        "ELASTIC_CHANNEL": "unix:/run/elasticd/channel.sock",
+        "ELASTIC_WORKER_ID": "t.a.g.1", "ELASTIC_TOKEN": "secret", "ELASTIC_OCCUPANCY_INTERVAL": "0.5",
+    }
+
+
+# ---------------------------------------------------------------------- the trampoline, for real
+
+HOSTILE = [
+    "$(touch {canary})",
+    "`touch {canary}`",
+    "; rm -rf / ; touch {canary}",
+    "a' \"b\" 'c",
+    "line1\nline2\n",
+    "$HOME ${PATH} $0 $@ $$",
+    "* ? [a-z] ~",
+    "| touch {canary} &",
+    "ünïcødé ✓ 中文",
+    "",
+    " leading and trailing ",
+    "-c",
+    "\\x00-ish \\ backslash",
+]
+
+ECHO_ARGV = "import json, os, sys; json.dump({'argv': sys.argv[1:], 'pid': os.getpid()}, open(os.environ['OUT'], 'w'))"
+
+
+def test_hostile_argv_reaches_the_worker_byte_for_byte(tmp_path):
+    leaf = tmp_path / "leaf"
+    leaf.mkdir()
+    (leaf / "cgroup.procs").write_text("")
+    canary = tmp_path / "pwned"
+    args = [a.replace("{canary}", str(canary)) for a in HOSTILE]
+    spec = WorkerSpec(argv=(sys.executable, "-c", ECHO_ARGV, *args), env=(), cwd=str(tmp_path), leaf=str(leaf))
+    out = tmp_path / "out.json"
+    subprocess.run(spawn_argv(spec), env={**os.environ, "OUT": str(out)}, check=True, timeout=30)
+    seen = json.loads(out.read_text())
+    assert seen["argv"] == args
+    assert not canary.exists()
+    # The pid the shell wrote is the worker's own: `exec` kept it.
+    assert (leaf / "cgroup.procs").read_text().strip() == str(seen["pid"])
+
+
+def test_trampoline_refuses_to_run_unconfined(tmp_path):
+    canary = tmp_path / "ran"
+    spec = WorkerSpec(argv=("/usr/bin/touch", str(canary)), env=(), cwd="/", leaf=str(tmp_path / "no-such-leaf"))
+    result = subprocess.run(spawn_argv(spec), capture_output=True, timeout=30)
+    assert result.returncode != 0
+    assert not canary.exists()
+
+
+# ---------------------------------------------------------------------- a worker, for real
+
+SERVER = """
+import os, signal, socket, sys, time
+path = os.environ["ELASTIC_LISTEN"].removeprefix("unix:")
+mode = os.environ.get("MODE", "serve")
+if mode == "crash":
+    sys.exit(3)
+if mode == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if mode == "orphans":
+    import subprocess
+    child = subprocess.Popen(["sleep", "300"])
+    open(os.environ["CHILD_PID"], "w").write(str(child.pid))
+s = socket.socket(socket.AF_UNIX)
+s.bind(path)
+s.listen()
+print("listening", os.environ["ELASTIC_WORKER_ID"], flush=True)
+while True:
+    conn, _ = s.accept()
+    conn.close()
+"""
+
+
+def _worker(tmp_path, mode: str = "serve", **env: str) -> Worker:
+    (tmp_path / "workers").mkdir(exist_ok=True)
+    spec = WorkerSpec(argv=(sys.executable, "-c", SERVER), env=(("MODE", mode), *env.items()), cwd=str(tmp_path),
+                      leaf=None)
+    fast = RestartPolicy(base=0.05, cap=0.2, max_deaths=3, window=60.0)
+    return Worker("t.a.g.1", "t", "a", "g", spec, runtime_dir=str(tmp_path), occupancy_interval=1.0, policy=fast)
+
+
+async def test_worker_becomes_routable_and_logs_with_its_id(tmp_path, caplog):
+    caplog.set_level("INFO", logger="elasticd.worker")
+    worker = _worker(tmp_path)
+    worker.start()
+    assert await worker.wait_routable(10)
+    assert worker.pid is not None and psutil.pid_exists(worker.pid)
+    await asyncio.sleep(0.2)
+    await worker.stop(5)
+    assert worker.state == "stopped"
+    assert "[t.a.g.1] listening t.a.g.1" in caplog.text
+
+
+async def test_worker_is_restarted_then_marked_failed(tmp_path):
+    worker = _worker(tmp_path, "crash")
+    worker.start()
+    assert not await worker.wait_routable(10)
+    assert worker.state == "failed"
+    assert worker.restarts == 2  # three deaths with max_deaths=3: two restarts, then failed
+    await worker.stop(1)
+
+
+async def test_killed_worker_is_restarted(tmp_path):
+    worker = _worker(tmp_path)
+    worker.start()
+    assert await worker.wait_routable(10)
+    first = worker.pid
+    os.kill(first, 9)
+    deadline = time.monotonic() + 10
+    while not (worker.routable and worker.pid != first) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert worker.routable and worker.pid != first
+    assert worker.restarts == 1
+    await worker.stop(5)
+
+
+async def test_stop_escalates_to_sigkill(tmp_path):
+    worker = _worker(tmp_path, "stubborn")
+    worker.start()
+    assert await worker.wait_routable(10)
+    pid = worker.pid
+    started = time.monotonic()
+    await worker.stop(0.5)
+    assert time.monotonic() - started < 5
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+async def test_stop_leaves_no_child_behind(tmp_path):
+    child_file = tmp_path / "child.pid"
+    worker = _worker(tmp_path, "orphans", CHILD_PID=str(child_file))
+    worker.start()
+    assert await worker.wait_routable(10)
+    child = int(child_file.read_text())
+    await worker.stop(5)
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(child) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert not psutil.pid_exists(child)
