@@ -45,7 +45,7 @@ class AdminClient:
                 return response.status, data
         except (aiohttp.ClientConnectionError, FileNotFoundError, PermissionError) as exc:
             raise ApiError(f"cannot reach elasticd on {self.socket_path}: {exc}") from None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ApiError(f"elasticd on {self.socket_path} did not answer within {self.timeout:g}s") from None
 
 

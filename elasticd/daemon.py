@@ -27,6 +27,7 @@ from elasticd.front.relay import AiohttpRelay, Upstream
 from elasticd.front.routing import RouteTable
 from elasticd.front.server import Front
 from elasticd.supervisor.supervisor import Supervisor
+from elasticd.supervisor.worker import Worker
 from elasticd.systemd import Notifier, setup_logging
 
 __all__ = ["Daemon", "main"]
@@ -34,6 +35,7 @@ __all__ = ["Daemon", "main"]
 log = logging.getLogger("elasticd")
 
 DEFAULT_CONFIG = "/etc/elastic.yaml"
+_GONE_STATES = frozenset({"exited", "stopped", "failed"})
 
 
 class StartupRefused(Exception):
@@ -49,8 +51,24 @@ class ReloadResult:
 
 
 class Daemon:
-    __slots__ = ("_reload_lock", "_signals", "_stopping", "api", "cgroup_decision", "cgroup_base", "config",
-                 "config_path", "front", "last_reload", "notifier", "started_at", "supervisor", "tree")
+    __slots__ = (
+        "_background",
+        "_reload_lock",
+        "_signals",
+        "_stopping",
+        "api",
+        "cgroup_base",
+        "cgroup_decision",
+        "config",
+        "config_path",
+        "front",
+        "last_reload",
+        "notifier",
+        "relay",
+        "started_at",
+        "supervisor",
+        "tree",
+    )
 
     def __init__(self, config: Config, config_path: str) -> None:
         self.config = config
@@ -62,15 +80,17 @@ class Daemon:
         server = config.server
         self.supervisor = Supervisor(server.runtime_dir, self._leaf_for, stop_timeout=server.stop_timeout,
                                      occupancy_interval=server.occupancy_interval)
-        self.supervisor.on_worker_state = lambda _worker: self.notifier.status(self.supervisor.summary())
-        self.front = Front(server.listen, RouteTable.from_config(config), self._upstreams,
-                           AiohttpRelay(server.request_timeout))
+        self.supervisor.on_worker_state = self._on_worker_state
+        self.relay = AiohttpRelay(server.request_timeout)
+        self.front = Front(server.listen, RouteTable.from_config(config), self._upstreams, self.relay,
+                           grace=server.stop_timeout)
         self.api = AdminApi(self, server.admin_socket, server.admin_group)
         self.started_at = time.time()
         self.last_reload: ReloadResult | None = None
         self._reload_lock = asyncio.Lock()
         self._signals: asyncio.Queue[str] = asyncio.Queue()
         self._stopping = False
+        self._background: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ wiring for the parts
 
@@ -79,6 +99,14 @@ class Daemon:
 
     def _upstreams(self, tenant: str, app: str, group: str) -> list[Upstream]:
         return [Upstream(w.id, w.socket_path) for w in self.supervisor.routable(tenant, app, group)]
+
+    def _on_worker_state(self, worker: Worker) -> None:
+        self.notifier.status(self.supervisor.summary())
+        if worker.state in _GONE_STATES:
+            # The pooled connections point at a process that is gone; a restarted one gets fresh ones.
+            task = asyncio.get_running_loop().create_task(self.relay.close_upstream(worker.id))
+            self._background.add(task)  # the loop keeps only weak references to tasks
+            task.add_done_callback(self._background.discard)
 
     # ------------------------------------------------------------------ cgroups
 

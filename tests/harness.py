@@ -6,6 +6,7 @@ The daemon is stopped by its pid at the end; every worker pid it reported is che
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -196,7 +197,5 @@ class Daemon:
 
     def kill_leftovers(self) -> None:
         for pid in self.leftover_workers():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass

@@ -32,9 +32,29 @@ _LOG_CHUNK = 65536
 class Worker:
     """States: starting → running (routable) → stopping → stopped; backoff between restarts; failed."""
 
-    __slots__ = ("_exited", "_process", "_ready", "_stop_requested", "_task", "app", "group", "id", "on_state",
-                 "policy", "restarts", "socket_path", "spec", "started_at", "state", "tenant", "token",
-                 "_base_env", "_occupancy_interval", "_runtime_dir", "_clock")
+    __slots__ = (
+        "_base_env",
+        "_clock",
+        "_exited",
+        "_occupancy_interval",
+        "_process",
+        "_ready",
+        "_runtime_dir",
+        "_stop_requested",
+        "_task",
+        "app",
+        "group",
+        "id",
+        "on_state",
+        "policy",
+        "restarts",
+        "socket_path",
+        "spec",
+        "started_at",
+        "state",
+        "tenant",
+        "token",
+    )
 
     def __init__(self, worker_id: str, tenant: str, app: str, group: str, spec: WorkerSpec, *,
                  runtime_dir: str, occupancy_interval: float, base_env: Mapping[str, str] | None = None,
@@ -109,7 +129,7 @@ class Worker:
                 process.send_signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(process.wait(), grace)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.warning("worker %s did not stop within %gs: killing it", self.id, grace)
                 _kill_tree(process.pid)
                 await process.wait()
