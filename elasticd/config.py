@@ -528,6 +528,26 @@ def _check_domains(walk: _Walk, tenants: Mapping[str, Tenant], root: CommentedMa
                     owner[domain] = here
 
 
+# A Unix socket path is limited to 107 bytes (sun_path); a worker's is <runtime_dir>/workers/<id>.sock with
+# id = tenant.app.group.N. Refused here, at load, rather than as a worker that can never bind.
+_SUN_PATH_MAX = 107
+_WORKER_NUMBER_ROOM = 6
+
+
+def _check_socket_paths(walk: _Walk, server: Server, tenants: Mapping[str, Tenant], root: CommentedMap) -> None:
+    for tenant in tenants.values():
+        for app in tenant.apps.values():
+            for group in app.groups.values():
+                worker_id = f"{tenant.name}.{app.name}.{group.name}."
+                length = len(f"{server.runtime_dir}/workers/{worker_id}.sock".encode()) + _WORKER_NUMBER_ROOM
+                if length > _SUN_PATH_MAX:
+                    node = root["tenants"][tenant.name]["apps"][app.name]["groups"]
+                    walk.error(f"tenants.{tenant.name}.apps.{app.name}.groups.{group.name}",
+                               _Walk.key_line(node, group.name),
+                               f"its workers' socket paths under server.runtime_dir would be {length} bytes, over "
+                               f"the {_SUN_PATH_MAX} a Unix socket allows: shorten the names or the runtime_dir")
+
+
 # --------------------------------------------------------------------------------------------- entry points
 
 
@@ -552,6 +572,7 @@ def parse_config(text: str, source: str = "<string>") -> Config:
         tenants[tname] = _tenant(walk, tname, child, tpath, tline)
     if not walk.issues:
         _check_domains(walk, tenants, top)
+        _check_socket_paths(walk, server, tenants, top)
     if walk.issues:
         raise ConfigError(walk.issues, source)
     return Config(server=server, tenants=tenants, source=source)

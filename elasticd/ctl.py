@@ -79,7 +79,7 @@ def render_status(status: dict[str, Any]) -> str:
         if cg["missing_controllers"]:
             cgroups += f"; missing controllers: {', '.join(cg['missing_controllers'])}"
     else:
-        cgroups = f"NOT enforced (mode {cg['mode']})" + (f": {cg['warning']}" if cg.get("warning") else "")
+        cgroups = cg.get("warning") or f"NOT enforced (mode {cg['mode']})"
     out = [f"elasticd {status['version']}  pid {status['pid']}  up {_duration(status['uptime'])}  "
            f"front {status['listen']}  config {status['config']}",
            f"cgroups: {cgroups}"]

@@ -329,3 +329,20 @@ def test_ipv6_listen():
     config = parse_config('server: {listen: "[::1]:8081"}')
     assert (config.server.listen.host, config.server.listen.port) == ("::1", 8081)
     assert str(config.server.listen) == "[::1]:8081"
+
+
+def test_worker_socket_paths_must_fit_a_unix_socket():
+    long = "a" * 60
+    errors = _errors(f"""\
+        server:
+          runtime_dir: /run/elasticd
+        tenants:
+          {long}:
+            apps:
+              {long}:
+                domains: [x.localhost]
+                root: /srv/x
+                groups:
+                  green: {{command: [app]}}
+        """)
+    assert any(f"tenants.{long}.apps.{long}.groups.green (line 10): its workers' socket paths" in e for e in errors)

@@ -86,6 +86,7 @@ def test_start_places_workers_writes_limits_and_serves(daemons, tmp_path):
     # Both blog workers serve, in turn.
     seen = {d.get("blog.localhost")[1].split()[1] for _ in range(4)}
     assert seen == {"globex.blog.main.1", "globex.blog.main.2"}
+    assert oct(d.admin.stat().st_mode & 0o777) == "0o600"  # root only, unless admin_group
     status = d.status()
     assert status["cgroups"]["enforced"] is True
     assert status["cgroups"]["missing_controllers"] == []

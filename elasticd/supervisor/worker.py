@@ -169,7 +169,11 @@ class Worker:
         self.token = secrets.token_hex(16)
         env = worker_env(self.spec, self._base_env, worker_id=self.id, token=self.token,
                          runtime_dir=self._runtime_dir, occupancy_interval=self._occupancy_interval)
-        cwd = self.spec.cwd if os.path.isdir(self.spec.cwd) else "/"
+        cwd = self.spec.cwd
+        if not os.path.isdir(cwd):
+            if self.restarts == 0:
+                log.warning("worker %s: app root %s is not a directory; it runs in /", self.id, cwd)
+            cwd = "/"
         self.started_at = self._clock()
         self._set_state("starting")
         try:

@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import grp
+import os
+import socket
+from dataclasses import dataclass, field
+
+import aiohttp
+import pytest
+
+from elasticd.api.server import AdminApi, SocketInUse
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    error: str | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+class FakeControl:
+    def __init__(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+        self.reloads = 0
+
+    def status(self):
+        return {"pid": 1}
+
+    async def reload(self):
+        self.reloads += 1
+        return self.outcome
+
+
+async def _call(path: str, method: str, url: str):
+    async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=path)) as session, \
+            session.request(method, f"http://elasticd{url}") as response:
+        return response.status, await response.json()
+
+
+async def test_routes_and_refusals(tmp_path):
+    control = FakeControl(Outcome(ok=False, error="tenants.acme (line 3): bad"))
+    api = AdminApi(control, str(tmp_path / "run" / "admin.sock"))
+    await api.start()
+    try:
+        assert oct(os.stat(api.path).st_mode & 0o777) == "0o600"
+        assert await _call(api.path, "GET", "/v1/status") == (200, {"pid": 1})
+        code, body = await _call(api.path, "POST", "/v1/reload")
+        assert (code, body["ok"], body["error"]) == (422, False, "tenants.acme (line 3): bad")
+        control.outcome = Outcome(ok=True, problems=["note"])
+        assert await _call(api.path, "POST", "/v1/reload") == (200, {"ok": True, "problems": ["note"]})
+        code, body = await _call(api.path, "GET", "/v1/nothing")
+        assert code == 404 and "GET /v1/nothing" in body["error"]
+        code, body = await _call(api.path, "GET", "/v1/reload")
+        assert code == 405
+        # A second daemon must not steal the socket of one that runs.
+        with pytest.raises(SocketInUse):
+            await AdminApi(control, api.path).start()
+    finally:
+        await api.stop()
+    assert not os.path.exists(api.path)
+
+
+async def test_admin_group_widens_to_0660(tmp_path):
+    group = grp.getgrgid(os.getgid()).gr_name
+    api = AdminApi(FakeControl(Outcome(ok=True)), str(tmp_path / "admin.sock"), group)
+    await api.start()
+    try:
+        st = os.stat(api.path)
+        assert oct(st.st_mode & 0o777) == "0o660"
+        assert st.st_gid == os.getgid()
+    finally:
+        await api.stop()
+
+
+async def test_unknown_group_is_refused(tmp_path):
+    api = AdminApi(FakeControl(Outcome(ok=True)), str(tmp_path / "admin.sock"), "no-such-group-here")
+    with pytest.raises(ValueError, match='no group "no-such-group-here"'):
+        await api.start()
+
+
+def test_stale_socket_is_replaced(tmp_path):
+    path = tmp_path / "admin.sock"
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))
+    stale.close()  # the file stays, nobody answers: what a crash leaves
+    from elasticd.api.server import _claim_socket_path
+    _claim_socket_path(str(path))
+    assert not path.exists()

@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from elasticd.ctl import render_status
+
+STATUS = {
+    "version": "0.1.0", "pid": 42, "uptime": 125.0, "listen": "127.0.0.1:8080", "config": "/etc/elastic.yaml",
+    "cgroups": {"mode": "auto", "enforced": True, "base": "/sys/fs/cgroup/elasticd.service",
+                "missing_controllers": ["io"], "warning": None},
+    "last_reload": {"ok": False, "error": "/etc/elastic.yaml:\ntenants.acme.resources.cpu (line 4): bad",
+                    "problems": [], "at": "2026-11-30T12:00:00Z"},
+    "tenants": {"acme": {"apps": {"shop": {"default_group": "green", "groups": {
+        "green": {"workers": [{"id": "acme.shop.green.1", "pid": 7, "state": "running", "uptime": 61.2,
+                               "restarts": 0}]},
+        "blue": {"workers": []}}}}}},
+}
+
+
+def test_status_table():
+    text = render_status(STATUS)
+    assert "enforced under /sys/fs/cgroup/elasticd.service (mode auto); missing controllers: io" in text
+    assert "last reload: REFUSED" in text and "tenants.acme.resources.cpu (line 4): bad" in text
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("TENANT"))
+    assert lines[header].split() == ["TENANT", "APP", "GROUP", "WORKER", "PID", "STATE", "UPTIME", "RESTARTS"]
+    assert lines[header + 1].split() == ["acme", "shop", "green*", "acme.shop.green.1", "7", "running", "1m01s", "0"]
+    assert lines[header + 2].split() == ["acme", "shop", "blue", "-", "-", "none", "-", "-"]
+
+
+def _ctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "elasticd.ctl", *args], capture_output=True, text=True, timeout=30)
+
+
+def test_usage_error_exits_2():
+    assert _ctl("frobnicate").returncode == 2
+    assert _ctl().returncode == 2
+
+
+def test_unreachable_daemon_exits_1_with_the_reason(tmp_path):
+    result = _ctl("--socket", str(tmp_path / "none.sock"), "status")
+    assert result.returncode == 1
+    assert f"cannot reach elasticd on {tmp_path / 'none.sock'}" in result.stderr
