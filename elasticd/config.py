@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from elasticd.units import UnitError, parse_cpu, parse_duration, parse_size
 
 __all__ = [
     "NAME_RE",
+    "RESOURCE_FIELDS",
     "Address",
     "App",
     "CgroupSettings",
@@ -359,20 +360,44 @@ def _server(walk: _Walk, node: Any, line: int | None) -> Server:
     )
 
 
+def _nonzero_size(value: Any) -> int | None:
+    return parse_size(value, allow_zero=False)
+
+
+# Each tenant limit: its Resources attribute, where it sits under `resources:`, how its value is parsed, and its
+# default. The config loader and the run-time limits API both validate through this one table.
+@dataclass(frozen=True, slots=True)
+class ResourceField:
+    attr: str
+    keys: tuple[str, ...]
+    parse: Callable[[Any], Any]
+    default: Any = None
+
+    @property
+    def name(self) -> str:
+        return ".".join(self.keys)
+
+
+RESOURCE_FIELDS: tuple[ResourceField, ...] = (
+    ResourceField("cpu", ("cpu",), parse_cpu),
+    ResourceField("memory", ("memory",), _nonzero_size),
+    ResourceField("swap", ("swap",), parse_size, 0),
+    ResourceField("pids", ("pids",), _int(1, allow_max=True)),
+    ResourceField("io_weight", ("io_weight",), _int(1, 10000)),
+    ResourceField("io_read", ("io_bandwidth", "read"), _nonzero_size),
+    ResourceField("io_write", ("io_bandwidth", "write"), _nonzero_size),
+)
+
+
 def _resources(walk: _Walk, node: Any, path: str, line: int | None) -> Resources:
     m = walk.mapping(node, path, line, _RESOURCE_KEYS)
     io = walk.mapping(m.get("io_bandwidth"), f"{path}.io_bandwidth", walk.key_line(m, "io_bandwidth"),
                       ("read", "write"))
-    bandwidth = lambda v: parse_size(v, allow_zero=False)  # noqa: E731
-    return Resources(
-        cpu=walk.value(m, "cpu", path, parse_cpu, None),
-        memory=walk.value(m, "memory", path, lambda v: parse_size(v, allow_zero=False), None),
-        swap=walk.value(m, "swap", path, parse_size, 0),
-        pids=walk.value(m, "pids", path, _int(1, allow_max=True), None),
-        io_weight=walk.value(m, "io_weight", path, _int(1, 10000), None),
-        io_read=walk.value(io, "read", f"{path}.io_bandwidth", bandwidth, None),
-        io_write=walk.value(io, "write", f"{path}.io_bandwidth", bandwidth, None),
-    )
+    values = {}
+    for f in RESOURCE_FIELDS:
+        where, wpath = (io, f"{path}.io_bandwidth") if len(f.keys) == 2 else (m, path)
+        values[f.attr] = walk.value(where, f.keys[-1], wpath, f.parse, f.default)
+    return Resources(**values)
 
 
 def _quotas(walk: _Walk, node: Any, path: str, line: int | None) -> Quotas:

@@ -129,6 +129,55 @@ async def _reload(client: AdminClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def render_limits(data: dict[str, Any]) -> str:
+    rows = []
+    for name, limit in data["limits"].items():
+        rows.append([name, str(limit["value"]), limit["source"], str(limit.get("config", ""))])
+    head = f"tenant {data['tenant']}: limits in force"
+    if data.get("persisted"):
+        head += f" (persisted; previous file kept as {data.get('backup')})"
+    return head + "\n" + table(["LIMIT", "VALUE", "SOURCE", "CONFIG BENEATH"], rows)
+
+
+async def _limit(client: AdminClient, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {}
+    for key in ("cpu", "memory", "io_weight"):
+        if getattr(args, key) is not None:
+            body[key] = getattr(args, key)
+    bandwidth = {k: v for k, v in (("read", args.io_read), ("write", args.io_write)) if v is not None}
+    if bandwidth:
+        body["io_bandwidth"] = bandwidth
+    if args.persist:
+        body["persist"] = True
+    code, data = await client.request("POST", f"/v1/tenants/{args.tenant}/limits", body)
+    if code != 200:
+        print(f"limit refused: {data.get('error') or f'HTTP {code}'}", file=sys.stderr)
+        return 1
+    print(json.dumps(data, indent=2) if args.json else render_limits(data))
+    for problem in data.get("problems", []):
+        print(f"warning: {problem}", file=sys.stderr)
+    return 0
+
+
+def _limit_parser(sub: Any) -> None:
+    limit = sub.add_parser("limit", help="override a tenant's limits now (--persist: also in the config file)")
+    limit.add_argument("tenant")
+    limit.add_argument("--cpu", help='percent of one CPU, e.g. 50%%, or "max"')
+    limit.add_argument("--memory", help='bytes with K/M/G/T, e.g. 1G, or "max"')
+    limit.add_argument("--io-weight", dest="io_weight", type=int, metavar="N", help="1-10000")
+    limit.add_argument("--io-read", dest="io_read", metavar="RATE", help='bytes per second, e.g. 50M, or "max"')
+    limit.add_argument("--io-write", dest="io_write", metavar="RATE", help='bytes per second, e.g. 20M, or "max"')
+    limit.add_argument("--persist", action="store_true",
+                       help="write the values into the config file (previous kept as .bak.<time>) and reload")
+    limit.add_argument("--json", action="store_true")
+    limit.set_defaults(run=_limit, check=_check_limit)
+
+
+def _check_limit(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if all(getattr(args, k) is None for k in ("cpu", "memory", "io_weight", "io_read", "io_write")):
+        p.error("limit: give at least one of --cpu, --memory, --io-weight, --io-read, --io-write")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elasticctl", description="Control a running elasticd.")
     p.add_argument("--socket", default=os.environ.get("ELASTIC_ADMIN_SOCKET", DEFAULT_SOCKET),
@@ -140,17 +189,62 @@ def parser() -> argparse.ArgumentParser:
     reload = sub.add_parser("reload", help="re-read the config file (a refused file changes nothing)")
     reload.add_argument("--json", action="store_true")
     reload.set_defaults(run=_reload)
+    _limit_parser(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if hasattr(args, "check"):
+        args.check(p, args)
     client = AdminClient(args.socket)
     try:
         return asyncio.run(args.run(client, args))
     except ApiError as exc:
         print(f"elasticctl: {exc}", file=sys.stderr)
         return 1
+
+
+# ---------------------------------------------------------------------- the ADR-0010 aliases
+
+
+def _alias(prog: str, value_help: str | None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog)
+    p.add_argument("--socket", default=os.environ.get("ELASTIC_ADMIN_SOCKET", DEFAULT_SOCKET))
+    p.add_argument("--persist", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("tenant")
+    if value_help:
+        p.add_argument("value", help=value_help)
+    return p
+
+
+def _common(args: argparse.Namespace) -> list[str]:
+    return [*(["--persist"] if args.persist else []), *(["--json"] if args.json else [])]
+
+
+def limitcpu_main(argv: list[str] | None = None) -> int:
+    args = _alias("elastic-limitcpu", 'percent of one CPU, e.g. 50%%, or "max"').parse_args(argv)
+    return main(["--socket", args.socket, "limit", args.tenant, "--cpu", args.value, *_common(args)])
+
+
+def limitram_main(argv: list[str] | None = None) -> int:
+    args = _alias("elastic-limitram", 'bytes with K/M/G/T, e.g. 1G, or "max"').parse_args(argv)
+    return main(["--socket", args.socket, "limit", args.tenant, "--memory", args.value, *_common(args)])
+
+
+def limitio_main(argv: list[str] | None = None) -> int:
+    p = _alias("elastic-limitio", None)
+    p.add_argument("--read", metavar="RATE")
+    p.add_argument("--write", metavar="RATE")
+    p.add_argument("--weight", type=int, metavar="N")
+    args = p.parse_args(argv)
+    extra = [*(["--io-read", args.read] if args.read else []), *(["--io-write", args.write] if args.write else []),
+             *(["--io-weight", str(args.weight)] if args.weight is not None else [])]
+    if not extra:
+        p.error("give at least one of --read, --write, --weight")
+    return main(["--socket", args.socket, "limit", args.tenant, *extra, *_common(args)])
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ from elasticd.config import Config, ConfigError, load_config
 from elasticd.front.relay import AiohttpRelay, Upstream
 from elasticd.front.routing import RouteTable
 from elasticd.front.server import Front
+from elasticd.overrides import effective
+from elasticd.runtime_limits import LimitsReply, RuntimeLimits
 from elasticd.supervisor.supervisor import Supervisor
 from elasticd.supervisor.worker import Worker
 from elasticd.systemd import Notifier, setup_logging
@@ -63,6 +65,7 @@ class Daemon:
         "config_path",
         "front",
         "last_reload",
+        "limits",
         "notifier",
         "relay",
         "started_at",
@@ -84,6 +87,7 @@ class Daemon:
         self.relay = AiohttpRelay(server.request_timeout)
         self.front = Front(server.listen, RouteTable.from_config(config), self._upstreams, self.relay,
                            grace=server.stop_timeout)
+        self.limits = RuntimeLimits(lambda: self.config, config_path, self._write_tenant_limits, self.reload)
         self.api = AdminApi(self, server.admin_socket, server.admin_group)
         self.started_at = time.time()
         self.last_reload: ReloadResult | None = None
@@ -137,7 +141,8 @@ class Daemon:
         log.info("cgroups enforced under %s", found.base)
 
     def _write_cgroups(self, config: Config) -> list[str]:
-        """Create every leaf and write every limit: on each activation, so a reload changes them in place."""
+        """Create every leaf and write every limit: on each activation, so a reload changes them in place.
+        Run-time overrides are written over the config's values, so a reload does not undo them."""
         tree = self.tree
         if tree is None:
             return []
@@ -150,9 +155,15 @@ class Daemon:
             except OSError as exc:
                 problems.append(f"tenant {tenant.name}: cannot create its cgroups: {exc}")
                 continue
-            problems.extend(tree.apply_limits(tenant.name, tenant.resources,
-                                              [app.root for app in tenant.apps.values()]))
+            resources = effective(tenant.resources, self.limits.overrides.get(tenant.name, {}))
+            problems.extend(tree.apply_limits(tenant.name, resources, [app.root for app in tenant.apps.values()]))
         return problems
+
+    def _write_tenant_limits(self, tenant: str) -> list[str]:
+        if self.tree is None:
+            return ["cgroups are not enforced: the limits are recorded but no kernel file was written"]
+        roots = [app.root for app in self.config.tenants[tenant].apps.values()]
+        return self.tree.apply_limits(tenant, self.limits.resources_of(tenant), roots)
 
     async def _remove_cgroups(self, old: Config, new: Config) -> None:
         """After their workers are gone: the leaves of removed apps, then the groups of removed tenants."""
@@ -194,6 +205,7 @@ class Daemon:
     # ------------------------------------------------------------------ activation and reload
 
     async def _activate(self, config: Config, previous: Config | None) -> list[str]:
+        self.limits.forget_removed(config)
         problems = self._write_cgroups(config)
         # Routes first: a removed app stops receiving traffic before its workers are stopped.
         self.front.set_routes(RouteTable.from_config(config))
@@ -228,6 +240,9 @@ class Daemon:
             self.notifier.ready(status if result.ok else f"{status}; last reload refused: invalid configuration")
             return result
 
+    async def set_limits(self, tenant: str, body: Any) -> LimitsReply:
+        return await self.limits.set(tenant, body)
+
     # ------------------------------------------------------------------ status
 
     def status(self) -> dict[str, Any]:
@@ -243,7 +258,7 @@ class Daemon:
                     "default_group": app.default_group,
                     "groups": {g: {"workers": workers.get((tenant.name, app.name, g), [])} for g in app.groups},
                 }
-            tenants[tenant.name] = {"apps": apps}
+            tenants[tenant.name] = {"limits": self.limits.describe(tenant.name), "apps": apps}
         decision = self.cgroup_decision
         last = self.last_reload
         return {

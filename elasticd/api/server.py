@@ -26,9 +26,15 @@ class ReloadOutcome(Protocol):
     problems: list[str]
 
 
+class LimitsOutcome(Protocol):
+    status: int
+    body: dict[str, Any]
+
+
 class Control(Protocol):
     def status(self) -> dict[str, Any]: ...
     async def reload(self) -> ReloadOutcome: ...
+    async def set_limits(self, tenant: str, body: Any) -> LimitsOutcome: ...
 
 
 class SocketInUse(RuntimeError):
@@ -48,6 +54,8 @@ class AdminApi:
         app = web.Application(middlewares=[_json_errors])
         app.router.add_get("/v1/status", self._status)
         app.router.add_post("/v1/reload", self._reload)
+        app.router.add_get("/v1/tenants", self._tenants)
+        app.router.add_post("/v1/tenants/{tenant}/limits", self._set_limits)
         return app
 
     async def start(self) -> None:
@@ -78,6 +86,19 @@ class AdminApi:
 
     async def _status(self, request: web.Request) -> web.Response:
         return web.json_response(self._control.status())
+
+    async def _tenants(self, request: web.Request) -> web.Response:
+        tenants = self._control.status()["tenants"]
+        return web.json_response({name: {"limits": t["limits"], "apps": sorted(t["apps"])}
+                                  for name, t in tenants.items()})
+
+    async def _set_limits(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            return web.json_response({"error": f"body: not JSON: {exc}"}, status=400)
+        outcome = await self._control.set_limits(request.match_info["tenant"], body)
+        return web.json_response(outcome.body, status=outcome.status)
 
     async def _reload(self, request: web.Request) -> web.Response:
         outcome = await self._control.reload()
