@@ -135,7 +135,8 @@ def render_limits(data: dict[str, Any]) -> str:
         rows.append([name, str(limit["value"]), limit["source"], str(limit.get("config", ""))])
     head = f"tenant {data['tenant']}: limits in force"
     if data.get("persisted"):
-        head += f" (persisted; previous file kept as {data.get('backup')})"
+        backup = data.get("backup")
+        head += f" (persisted; previous file kept as {backup})" if backup else " (the file already held these)"
     return head + "\n" + table(["LIMIT", "VALUE", "SOURCE", "CONFIG BENEATH"], rows)
 
 

@@ -92,7 +92,7 @@ class RuntimeLimits:
         if error:
             return LimitsReply(500, {"error": f"persisted to {result.path}, but the reload failed: {error}"})
         body = self._reply(tenant, [], persisted=True)
-        body["backup"] = str(result.backup)
+        body["backup"] = str(result.backup) if result.backup is not None else None  # None: file already said so
         return LimitsReply(200, body)
 
     async def _reload_as_systemd_would(self) -> str | None:

@@ -114,11 +114,12 @@ class Daemon:
     def start(self, wait_ready: bool = True) -> None:
         env = {**os.environ, "NOTIFY_SOCKET": str(self.notify.path)}
         env.pop("JOURNAL_STREAM", None)
+        mark = len(self.notify.messages)
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen([PYTHON, "-m", "elasticd.daemon", "--config", str(self.config_path)],
                                         env=env, stdout=self.log, stderr=subprocess.STDOUT)
         if wait_ready:
-            self.notify.wait_for("READY", "1")
+            self.notify.wait_for("READY", "1", after=mark)
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -170,6 +171,14 @@ class Daemon:
             return response.status, response.read().decode(errors="replace"), response.headers
         finally:
             conn.close()
+
+    def restart(self) -> None:
+        """SIGTERM and wait, then start again on the same files (and the same notify socket)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(30)
+        self.log.close()
+        self.start()
 
     def stop(self, timeout: float = 30.0) -> int | None:
         if self.process is None:

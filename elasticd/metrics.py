@@ -1,0 +1,130 @@
+"""GET /metrics on ``server.metrics_listen``: the cgroup accounting (accounting/collector.py), elasticd's
+own process metrics and build info, and whatever collectors other parts add, in the Prometheus text format.
+
+prometheus-client 0.16 (Debian bookworm) has no aiohttp integration: the page is the registry's text
+format (generate_latest's bytes, written faster by accounting/exposition.py), served by aiohttp here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+from elasticd import __version__
+from elasticd.accounting.collector import AccountingCollector, SampleSource
+from elasticd.accounting.exposition import expose
+from elasticd.config import Address, Resources
+
+__all__ = ["AccountingCollector", "Collector", "MetricsServer", "SampleSource"]
+
+log = logging.getLogger("elasticd.metrics")
+
+
+class Collector(Protocol):
+    def collect(self) -> Iterable[Metric]: ...
+
+
+class _Extra:
+    """Serves whatever collectors are in the list at scrape time (front, pool...)."""
+
+    __slots__ = ("collectors",)
+
+    def __init__(self, collectors: list[Collector]) -> None:
+        self.collectors = collectors
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        for collector in list(self.collectors):
+            try:
+                yield from collector.collect()
+            except Exception:  # one broken collector must not take /metrics down with it
+                log.exception("metrics collector %r failed", collector)
+
+
+class _BuildInfo:
+    __slots__ = ()
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("elasticd_build_info", "elasticd's version; always 1.", labels=["version"])
+        family.add_metric([__version__], 1)
+        yield family
+
+
+class MetricsServer:
+    """GET /metrics on ``address`` (port 0: any free port, see ``.port`` after start()).
+
+    ``extra_collectors``: a list other parts append their collectors to (before or after start); each is
+    asked at every scrape. ``registry`` holds everything served.
+    """
+
+    __slots__ = ("_executor", "_runner", "address", "extra_collectors", "port", "registry")
+
+    def __init__(self, address: Address, sampler: SampleSource,
+                 limits_provider: Callable[[], Mapping[str, Resources]],
+                 extra_collectors: Iterable[Collector] = ()) -> None:
+        self.address = address
+        self.port: int | None = None
+        self.extra_collectors: list[Collector] = list(extra_collectors)
+        # A private registry: nothing any library registers globally ends up on our page by surprise.
+        self.registry = CollectorRegistry()
+        self.registry.register(_BuildInfo())
+        self.registry.register(AccountingCollector(sampler, limits_provider))
+        self.registry.register(_Extra(self.extra_collectors))
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self._runner: web.AppRunner | None = None
+        self._executor: ThreadPoolExecutor | None = None
+
+    def render(self) -> bytes:
+        """The page: generate_latest(self.registry)'s bytes (also what tests and the benchmark time)."""
+        return expose(self.registry)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        # With 1,000 apps a page takes tens of ms to render: in a thread, the event loop (the front proxy)
+        # keeps running meanwhile (the GIL is handed over every few ms). One thread: scrapes queue up
+        # rather than pile up. Only immutable snapshots are read (latest, the config's limits).
+        body = await asyncio.get_running_loop().run_in_executor(self._executor, self.render)
+        # CONTENT_TYPE_LATEST carries a charset parameter, which web.Response(content_type=) refuses.
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elasticd-metrics")
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.address.host, self.address.port).start()
+        self.port = _bound_port(self._runner) or self.address.port
+        log.info("metrics on http://%s/metrics", Address(self.address.host, self.port))
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+
+def _bound_port(runner: web.AppRunner) -> int | None:
+    addresses: list[Any] = runner.addresses
+    for address in addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    return None

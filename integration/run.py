@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""elasticd's VM suite, host side: prove the .deb on a real systemd + cgroup v2 host.
+
+    ./dev integration            (installs the host tools, builds the .deb, then runs this)
+    python3 integration/run.py [--deb dist/elasticd_X_all.deb] [--only cpu,reload] [--timeout 900]
+
+1. The .deb: the one given, else ``packaging/deb/build`` builds it.
+2. The image: Debian bookworm with systemd, a kernel and elasticd's Debian dependencies, built by
+   ``integration/image/build-image.sh`` and cached outside the checkout (``$ELASTICD_IT_CACHE``, default
+   /var/cache/elasticd-integration/<hash>/), keyed by a hash of its inputs: that script, the package list
+   and the files baked into it. CI clones afresh each time; the cache survives on the machine.
+3. A run: a copy-on-write qcow2 overlay over the cached disk (the cache stays clean), a 9p share holding
+   the .deb and integration/guest/, and qemu under TCG (no KVM on these machines) with 2 CPUs and
+   1.5 GiB. The image's driver unit mounts the share, runs guest/run_scenarios.py (which installs the
+   .deb with apt and runs the scenarios), and powers the guest off. The serial console is shown here
+   and kept in build/integration/console.log.
+4. The verdict: one result per scenario from <share>/results/, shown as a table with the figure each
+   measured. Exit 1 when a scenario failed, when the guest never reported (with the console's last lines),
+   or on the timeout (qemu is killed).
+
+Standard library only; run as root (the image build needs it). Never touches this machine's cgroups:
+real cgroups are exercised only inside the guest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+IMAGE_DIR = HERE / "image"
+GUEST_DIR = HERE / "guest"
+DEFAULT_CACHE = Path(os.environ.get("ELASTICD_IT_CACHE", "/var/cache/elasticd-integration"))
+DEFAULT_WORK = REPO / "build" / "integration"
+KEEP_IMAGES = 2  # cached images kept (most recently used first); older ones are deleted
+CONSOLE_TAIL = 40
+TOOLS = ("qemu-system-x86_64", "qemu-img", "mmdebstrap", "mkfs.ext4", "unshare")
+
+
+class HarnessError(Exception):
+    """A failure of the run itself (not of a scenario): printed as is, exit 1."""
+
+
+def log(message: str) -> None:
+    print(f"integration: {message}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ the .deb
+
+
+def build_deb() -> Path:
+    log("building the .deb (packaging/deb/build)")
+    result = subprocess.run([str(REPO / "packaging" / "deb" / "build")], stdout=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        raise HarnessError("packaging/deb/build failed (see above)")
+    return REPO / result.stdout.strip().splitlines()[-1]
+
+
+# ------------------------------------------------------------------------------------------------ the image
+
+
+def image_inputs() -> list[Path]:
+    files = [p for p in sorted(IMAGE_DIR.rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
+    if not files:
+        raise HarnessError(f"no image inputs under {IMAGE_DIR}")
+    return files
+
+
+def image_key() -> str:
+    """A hash of everything that decides the image's content: the files under integration/image/ (the
+    build script, the package list, the files baked in), and the settings the build script reads."""
+    digest = hashlib.sha256()
+    for path in image_inputs():
+        digest.update(str(path.relative_to(IMAGE_DIR)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+        digest.update(str(path.stat().st_mode & 0o111).encode() + b"\0")
+    for name in ("ELASTICD_IT_MIRROR", "ELASTICD_IT_DISK_SIZE"):
+        digest.update(f"{name}={os.environ.get(name, '')}\0".encode())
+    return digest.hexdigest()[:16]
+
+
+def ensure_image(cache: Path, rebuild: bool) -> tuple[Path, str]:
+    """The cached image for the current inputs, built first if absent. Returns (dir, 'cached'|'built Ns')."""
+    cache.mkdir(parents=True, exist_ok=True)
+    key = image_key()
+    target = cache / key
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two runs at once: one builds, the other waits and reuses
+        if rebuild and target.exists():
+            shutil.rmtree(target)
+        if (target / "complete").exists():
+            os.utime(target)  # most recently used, for pruning
+            return target, "cached"
+        partial = cache / f"{key}.partial"
+        if partial.exists():
+            shutil.rmtree(partial)
+        log(f"building the image {key} (integration/image/build-image.sh, a few minutes)")
+        start = time.monotonic()
+        result = subprocess.run([str(IMAGE_DIR / "build-image.sh"), str(partial)])
+        if result.returncode != 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise HarnessError(f"the image build failed (exit {result.returncode}; see above)")
+        (partial / "complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime()))
+        if target.exists():
+            shutil.rmtree(target)
+        partial.rename(target)
+        seconds = time.monotonic() - start
+        _prune(cache, keep=target)
+        return target, f"built in {seconds:.0f}s"
+
+
+def _prune(cache: Path, keep: Path) -> None:
+    images = sorted((d for d in cache.iterdir() if d.is_dir() and (d / "complete").exists()),
+                    key=lambda d: d.stat().st_mtime, reverse=True)
+    for old in [d for d in images if d != keep][KEEP_IMAGES - 1:]:
+        log(f"removing the old cached image {old}")
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------ the run
+
+
+def prepare_share(work: Path, deb: Path, only: list[str]) -> Path:
+    if work.exists():
+        shutil.rmtree(work)
+    share = work / "share"
+    (share / "results").mkdir(parents=True)
+    shutil.copy2(deb, share / deb.name)
+    shutil.copytree(GUEST_DIR, share / "guest", ignore=shutil.ignore_patterns("__pycache__"))
+    (share / "guest" / "options.json").write_text(json.dumps({"only": only}))
+    return share
+
+
+def qemu_command(image: Path, overlay: Path, share: Path, memory: int, cpus: int) -> list[str]:
+    return [
+        "qemu-system-x86_64",
+        # TCG: KVM does not work on these machines (VM.md). thread=multi: one host thread per vCPU.
+        "-accel", "tcg,thread=multi", "-cpu", "max", "-m", str(memory), "-smp", str(cpus),
+        "-display", "none", "-monitor", "none", "-serial", "stdio", "-no-reboot",
+        "-kernel", str(image / "vmlinuz"), "-initrd", str(image / "initrd.img"),
+        "-drive", f"file={overlay},format=qcow2,if=virtio",
+        "-virtfs", f"local,path={share},mount_tag=host0,security_model=none",
+        # panic=1 with -no-reboot: a guest kernel panic ends qemu at once instead of hanging to the timeout.
+        "-append", "root=/dev/vda rw console=ttyS0 quiet panic=1",
+    ]
+
+
+def boot(command: list[str], console: Path, timeout: float, echo: bool) -> tuple[int | None, deque[str]]:
+    """Run qemu to its end (the guest powers off) or to the timeout (qemu is killed, by its pid).
+    Returns (exit code or None on timeout, the console's last lines)."""
+    tail: deque[str] = deque(maxlen=CONSOLE_TAIL)
+    with open(console, "w", encoding="utf-8", errors="replace") as out:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT)
+        assert process.stdout is not None
+
+        def pump() -> None:
+            for raw in process.stdout:
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                out.write(line + "\n")
+                out.flush()
+                tail.append(line)
+                if echo:
+                    print(f"  guest| {line}", flush=True)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            code: int | None = process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            code = None
+        reader.join(5)
+    return code, tail
+
+
+def read_results(results: Path) -> tuple[list[str], dict[str, dict], dict | None]:
+    plan = json.loads((results / "plan.json").read_text()) if (results / "plan.json").exists() else []
+    found = {}
+    for path in sorted(results.glob("*.json")):
+        if path.name != "plan.json":
+            data = json.loads(path.read_text())
+            found[data["scenario"]] = data
+    done = json.loads((results / "done").read_text()) if (results / "done").exists() else None
+    return plan, found, done
+
+
+def table(plan: list[str], found: dict[str, dict]) -> str:
+    names = plan or sorted(found)
+    rows = [("scenario", "ok", "s", "figure (or what failed)")]
+    for name in names:
+        data = found.get(name)
+        if data is None:
+            rows.append((name, "NO RESULT", "-", "the guest never reported this scenario"))
+        else:
+            text = data["figure"] if data["ok"] else (data["error"] or "").strip()
+            rows.append((name, "ok" if data["ok"] else "FAILED", f"{data['seconds']:.0f}", text))
+    width = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = []
+    for row in rows:
+        first, *rest = row[3].splitlines() or [""]
+        lines.append(f"{row[0]:<{width[0]}} | {row[1]:<{width[1]}} | {row[2]:>{width[2]}} | {first}")
+        pad = " " * (sum(width) + 9)
+        lines.extend(f"{pad}| {extra}" for extra in rest[:30])
+    return "\n".join(lines)
+
+
+def check_tools() -> None:
+    if os.geteuid() != 0:
+        raise HarnessError("run as root (the image build needs it); ./dev integration does")
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    if missing:
+        raise HarnessError(f"missing host tools: {', '.join(missing)}; `./dev integration` installs them "
+                           "(apt-get install qemu-system-x86 qemu-utils mmdebstrap e2fsprogs)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--deb", type=Path, help="the .deb to test (default: build it with packaging/deb/build)")
+    parser.add_argument("--only", default="", help="comma-separated scenario names (e.g. cpu,reload)")
+    parser.add_argument("--timeout", type=float, default=float(os.environ.get("ELASTICD_IT_TIMEOUT", 900)),
+                        help="seconds for the whole guest run (boot, install, scenarios); default 900")
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"image cache (default {DEFAULT_CACHE})")
+    parser.add_argument("--work", type=Path, default=DEFAULT_WORK, help=f"run directory (default {DEFAULT_WORK})")
+    parser.add_argument("--memory", type=int, default=1536, help="guest memory in MiB (default 1536)")
+    parser.add_argument("--cpus", type=int, default=2, help="guest CPUs (default 2)")
+    parser.add_argument("--rebuild-image", action="store_true", help="rebuild the cached image")
+    parser.add_argument("--quiet", action="store_true", help="do not echo the guest's console")
+    args = parser.parse_args(argv)
+    began = time.monotonic()
+    counts = ""
+    try:
+        check_tools()
+        deb = args.deb.resolve() if args.deb else build_deb()
+        if not deb.is_file():
+            raise HarnessError(f"no such .deb: {deb}")
+        image, how = ensure_image(args.cache, args.rebuild_image)
+        image_s = time.monotonic() - began
+        log(f"image {image} ({how}); .deb {deb.name}")
+        share = prepare_share(args.work, deb, [o.strip() for o in args.only.split(",") if o.strip()])
+        overlay = args.work / "overlay.qcow2"
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(image / "disk.raw"), "-F", "raw",
+                        str(overlay)], check=True)
+        console = args.work / "console.log"
+        command = qemu_command(image, overlay, share, args.memory, args.cpus)
+        log(f"booting the guest (TCG, {args.cpus} CPUs, {args.memory} MiB, timeout {args.timeout:.0f}s)")
+        guest_began = time.monotonic()
+        code, tail = boot(command, console, args.timeout, echo=not args.quiet)
+        guest_s = time.monotonic() - guest_began
+        overlay.unlink(missing_ok=True)
+        plan, found, done = read_results(share / "results")
+        if plan:
+            counts = f"{sum(1 for n in plan if found.get(n, {}).get('ok'))} passed, " \
+                     f"{sum(1 for n in plan if not found.get(n, {}).get('ok'))} failed"
+        last = "\n".join(f"  {line}" for line in tail)
+        if code is None:
+            raise HarnessError(
+                f"timeout: the guest ran for {args.timeout:.0f}s without finishing (qemu killed); "
+                f"{len(found)} results written{': ' + ', '.join(found) if found else ''}.\n"
+                f"Last {CONSOLE_TAIL} lines of the serial console ({console}):\n{last}")
+        if not found:
+            raise HarnessError(
+                f"the guest never wrote results (qemu exited {code} after {guest_s:.0f}s). "
+                f"Last {CONSOLE_TAIL} lines of the serial console ({console}):\n{last}")
+        print()
+        print(table(plan, found))
+        print()
+        failed = [n for n in plan if not found.get(n, {}).get("ok")]
+        log(f"wall time {time.monotonic() - began:.0f}s: image {how} ({image_s:.0f}s to ready), guest "
+            f"{guest_s:.0f}s (boot, install, scenarios, power-off); results, console.log and the guest's "
+            f"journal are in {args.work}")
+        counts = f"{len(plan) - len(failed)} passed, {len(failed)} failed"
+        if done is None:
+            raise HarnessError(f"the guest stopped before finishing (qemu exited {code}; no 'done' marker). "
+                               f"Last {CONSOLE_TAIL} lines of the serial console:\n{last}")
+        if failed:
+            raise HarnessError(f"{len(failed)} of {len(plan)} scenarios failed: {', '.join(failed)}")
+        log(f"all {len(plan)} scenarios passed")
+        return 0
+    except HarnessError as exc:
+        print(f"integration: FAILED: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        # The closing line CI reads: "N passed, N failed" over the scenarios the guest planned.
+        sys.stderr.flush()
+        if counts:
+            print(f"integration: {counts}", flush=True)
+        with contextlib.suppress(OSError):
+            (args.work / "overlay.qcow2").unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
