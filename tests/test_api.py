@@ -86,3 +86,16 @@ def test_stale_socket_is_replaced(tmp_path):
     from elasticd.api.server import _claim_socket_path
     _claim_socket_path(str(path))
     assert not path.exists()
+
+
+def test_openapi_describes_every_route():
+    from pathlib import Path
+
+    from ruamel.yaml import YAML
+
+    import elasticd.api.server as server
+    spec = YAML(typ="safe").load(Path(server.__file__).with_name("openapi.yaml").read_text())
+    described = {(path, method.upper()) for path, item in spec["paths"].items() for method in item}
+    app = AdminApi(FakeControl(Outcome(ok=True)), "/unused")._app()
+    served = {(r.resource.canonical, r.method) for r in app.router.routes() if r.method != "HEAD"}
+    assert served == described
