@@ -91,15 +91,20 @@ class MetricsServer:
         self._runner: web.AppRunner | None = None
         self._executor: ThreadPoolExecutor | None = None
 
+    def collect(self) -> list[Metric]:
+        """Every family, collected now. On the event loop's thread: collectors read state the loop owns."""
+        return list(self.registry.collect())
+
     def render(self) -> bytes:
         """The page: generate_latest(self.registry)'s bytes (also what tests and the benchmark time)."""
-        return expose(self.registry)
+        return expose(self.collect())
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        # With 1,000 apps a page takes tens of ms to render: in a thread, the event loop (the front proxy)
-        # keeps running meanwhile (the GIL is handed over every few ms). One thread: scrapes queue up
-        # rather than pile up. Only immutable snapshots are read (latest, the config's limits).
-        body = await asyncio.get_running_loop().run_in_executor(self._executor, self.render)
+        families = self.collect()
+        # Writing the text is most of a scrape (~45 ms for 1,000 apps on a small VM): in a thread, so the
+        # event loop (the front proxy) runs meanwhile; it only reads the families collected above, which
+        # nothing else holds. One thread: concurrent scrapes queue rather than pile up.
+        body = await asyncio.get_running_loop().run_in_executor(self._executor, expose, families)
         # CONTENT_TYPE_LATEST carries a charset parameter, which web.Response(content_type=) refuses.
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -212,7 +212,7 @@ def test_fast_exposition_is_byte_for_byte_generate_latest(tree):
             yield family
 
     registry.register(Stamped())
-    page = expose(registry)
+    page = expose(registry.collect())
     assert page == generate_latest(registry)
     assert b"elasticd_tenant_cpu_usage_seconds_total" in page and b"odd_latency_seconds_bucket" in page
     sampler.close()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Protocol
 
 from prometheus_client import generate_latest
 from prometheus_client.core import Metric
@@ -22,10 +21,6 @@ __all__ = ["expose"]
 
 _LEGACY_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LEGACY_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-
-
-class _Collector(Protocol):
-    def collect(self) -> Iterable[Metric]: ...
 
 
 class _One:
@@ -79,11 +74,12 @@ def _family(metric: Metric, labels_cache: dict[int, tuple[dict[str, str], str | 
     return "".join(lines)
 
 
-def expose(registry: _Collector) -> bytes:
-    """What ``generate_latest(registry)`` returns (the Prometheus text format, UTF-8)."""
+def expose(metrics: Iterable[Metric]) -> bytes:
+    """What ``generate_latest`` returns for a registry whose collect() yields ``metrics`` (the Prometheus
+    text format, UTF-8)."""
     parts: list[str] = []
     labels_cache: dict[int, tuple[dict[str, str], str | None]] = {}
-    for metric in registry.collect():
+    for metric in metrics:
         text = _family(metric, labels_cache)
         parts.append(text if text is not None else generate_latest(_One(metric)).decode("utf-8"))
     return "".join(parts).encode("utf-8")

@@ -1,8 +1,9 @@
 """Persistent descriptors on one cgroup's interface files (the sampler's I/O shell).
 
-Opening, reading and closing a cgroup file costs ~9.3 µs; keeping it open and re-reading it with pread at
-offset 0 costs ~2.3 µs, and kernfs regenerates the content on every read from offset 0. So each (cgroup,
-file) keeps ONE O_RDONLY descriptor, opened relative to a descriptor of the cgroup directory (no path walk).
+Opening, reading and closing a cgroup file costs 7-9 µs; keeping it open and re-reading it with pread at
+offset 0 costs 1.3-2.3 µs (benchmarks/sampler_bench.py), and kernfs regenerates the content on every read
+from offset 0. So each (cgroup, file) keeps ONE O_RDONLY descriptor, opened relative to a descriptor of the
+cgroup directory (no path walk), and a pass over every file open is one list comprehension of preads.
 
 What persistent descriptors bring, and how it is handled:
 
@@ -98,11 +99,6 @@ class CgroupFiles:
         self._misses = [0] * len(self.names)
         self._retry_at = [0] * len(self.names)
 
-    @property
-    def open_count(self) -> int:
-        """Descriptors held (the directory's included)."""
-        return sum(fd is not None for fd in self._fds) + (self._dir is not None)
-
     def _open_dir(self) -> bool:
         try:
             self._dir = _open(self.path, _DIR_FLAGS)
@@ -120,7 +116,7 @@ class CgroupFiles:
         # A fake tree's removed directory: its link count drops to 0. Only checked off cgroup2, whose
         # reads fail with ENODEV instead: an fstat there costs ~1 µs per cgroup per tick for nothing.
         try:
-            return _fstat(self._dir).st_nlink == 0  # type: ignore[arg-type]
+            return _fstat(self._dir).st_nlink == 0
         except OSError:
             return True
 
@@ -150,7 +146,7 @@ class CgroupFiles:
             # The common case, every file open: one comprehension, no per-file bookkeeping. A failure is
             # sorted out file by file below.
             with contextlib.suppress(OSError):
-                return [_pread(fd, _READ_SIZE, 0) for fd in fds]  # type: ignore[arg-type]
+                return [_pread(fd, _READ_SIZE, 0) for fd in fds]
         contents: list[bytes | None] = [None] * len(self.names)
         for i, fd in enumerate(fds):
             if fd is None:

@@ -82,7 +82,7 @@ def _parsers(skip_devices: Container[str]) -> tuple[Parser, ...]:
 
 def _sample(ts: float, parsed: Sequence[object]) -> Sample:
     cpu, mem, swap, events, pids, io, cpu_p, mem_p, io_p = parsed
-    return Sample(ts, *cpu, mem, swap, events, pids, *io, cpu_p, mem_p, io_p)  # type: ignore[misc, arg-type]
+    return Sample(ts, *cpu, mem, swap, events, pids, *io, cpu_p, mem_p, io_p)
 
 
 def sample_from_texts(ts: float, texts: Sequence[str | None], skip_devices: Container[str] = ()) -> Sample:

@@ -141,16 +141,26 @@ def cgroups_under(root: Path) -> list[Path]:
     return sorted(Path(d) for d, _, _ in os.walk(root))
 
 
-def layout() -> dict[str, tuple[str, int]]:
-    """The unit's subtree as {relative path: (subtree_control, number of processes)}; systemd's own
-    ``.control`` child (where it runs ExecReload= of a delegated unit) is not elasticd's."""
+def layout() -> dict[str, str]:
+    """The unit's subtree as {relative path: its cgroup.subtree_control}; systemd's own ``.control``
+    child (where it runs ExecReload= of a delegated unit) is not elasticd's."""
     found = {}
     for cg in cgroups_under(BASE):
         rel = str(cg.relative_to(BASE))
-        if any(part.startswith(".") for part in Path(rel).parts):
-            continue
-        found[rel] = (" ".join(sorted(subtree(cg))), len(procs(cg)))
+        if not any(part.startswith(".") for part in Path(rel).parts):
+            found[rel] = " ".join(sorted(subtree(cg)))
     return found
+
+
+def workers_in_leaves(st: dict[str, Any]) -> dict[str, int]:
+    """{tenant/app: running workers}, each checked to be in its leaf."""
+    counts = {}
+    for (tenant, app), pids in worker_pids(st).items():
+        members = procs(leaf(tenant, app))
+        check(all(pid in members for pid in pids), f"workers {pids} of {tenant}/{app} are not all in its "
+              f"leaf ({members})")
+        counts[f"{tenant}/{app}"] = len(pids)
+    return counts
 
 
 def disk_of(path: str) -> str:
@@ -578,7 +588,7 @@ def _unit_processes() -> list[str]:
 
 def s_stop_start() -> tuple[str, dict[str, Any]]:
     ensure_suite()
-    before = layout()
+    before, workers_before = layout(), workers_in_leaves(status())
     main = main_pid()
     result, stop_s = timed(lambda: systemctl("stop", UNIT))
     check(result.returncode == 0, f"systemctl stop failed: {result.stderr.strip()}")
@@ -593,15 +603,16 @@ def s_stop_start() -> tuple[str, dict[str, Any]]:
         after_stop = "removed by systemd"
     result, start_s = timed(lambda: systemctl("start", UNIT))
     check(result.returncode == 0, f"systemctl start failed: {result.stderr.strip()}")
-    after = layout()
-    check(after == before, f"the layout differs after a restart:\nbefore {before}\nafter  {after}")
+    after, workers_after = layout(), workers_in_leaves(status())
+    check(after == before, f"the cgroups differ after a restart:\nbefore {before}\nafter  {after}")
+    check(workers_after == workers_before, f"workers per leaf before {workers_before}, after {workers_after}")
     new_main = main_pid()
     check(new_main != main and new_main in procs(BASE / "server"), f"elasticd pid {new_main} not in server/")
-    leaves = [k for k, (_, n) in after.items() if k.count("/") == 2]
-    workers_n = sum(after[k][1] for k in leaves)
+    inner = [rel for rel, controls in after.items() if controls]
     return (f"stop in {stop_s:.1f}s left 0 processes (cgroup {after_stop}); start in {start_s:.1f}s rebuilt the "
-            f"same layout: {len(after)} cgroups with the same subtree_control, {workers_n} workers in "
-            f"{len(leaves)} leaves, elasticd pid {main}→{new_main} in server/", {"layout": after})
+            f"same layout: {len(after)} cgroups, the same subtree_control in its {len(inner)} inner nodes, "
+            f"{sum(workers_after.values())} workers in their {len(workers_after)} leaves, elasticd pid "
+            f"{main}→{new_main} in server/", {"layout": after, "workers": workers_after})
 
 
 DROPIN = Path(f"/run/systemd/system/{UNIT}.d/50-it-mode.conf")

@@ -1,0 +1,91 @@
+"""DECIDE, when a report arrives: compaction by the capacity ledger (seed 000, "Compaction").
+
+Each worker contributes its threshold as useful capacity: the reception ``reception_threshold``, every
+other worker ``admission_threshold``. For N workers C = rt + (N-1)·at, O = Σ occupancy, H = C - O; compact
+while H > compaction_margin · at, never below ``min_workers``, never the reception: drain the least-occupied
+other worker by re-pointing its users to the survivors through admission, then retire it.
+
+The margin makes the two policies unable to chase each other: retiring costs ``at`` of headroom, so H stays
+over (margin - 1)·at. The seed's arithmetic counts the reception's spare capacity too, which admission never
+uses; so before it decides, the plan places every drained user (heaviest first, each on the least-occupied
+survivor as projected after the previous moves) and compacts only if every one lands under its threshold
+and the group it leaves would not itself trigger a scale-up. Those guards make "a compaction never leads
+straight into a scale-up" hold for every distribution of load, not just on average.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from elasticd.config import Pool
+from elasticd.pool.policy import Decision, WorkerView, check_capacity
+
+__all__ = ["Compaction", "Ledger", "ledger", "plan_compaction"]
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    workers: int
+    capacity: float  # C
+    occupied: float  # O
+    headroom: float  # H
+    trigger: float  # compact while H is over this
+
+    def numbers(self) -> dict[str, float]:
+        return {"N": self.workers, "C": round(self.capacity, 4), "O": round(self.occupied, 4),
+                "H": round(self.headroom, 4), "trigger": round(self.trigger, 4)}
+
+
+def ledger(occupancies: Sequence[float], pool: Pool) -> Ledger:
+    n = len(occupancies)
+    capacity = pool.reception_threshold + (n - 1) * pool.admission_threshold if n else 0.0
+    occupied = sum(occupancies)
+    return Ledger(n, capacity, occupied, capacity - occupied, pool.compaction_margin * pool.admission_threshold)
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    retire: str
+    moves: Mapping[str, str]  # user → survivor
+    decision: Decision
+
+
+def plan_compaction(workers: Sequence[WorkerView], loads: Mapping[str, Mapping[str, float]],
+                    pool: Pool) -> Compaction | None:
+    """``workers``: routable, in order, reception first. ``loads``: per worker, each user's share of its
+    occupancy (the shares of one worker add up to its occupancy)."""
+    book = ledger([w.occupancy for w in workers], pool)
+    if len(workers) <= max(pool.min_workers, 1) or book.headroom <= book.trigger:
+        return None
+    others = workers[1:]
+    drained = min(others, key=lambda w: w.occupancy)
+    survivors = [w for w in workers if w.id != drained.id]
+    projected = {w.id: w.occupancy for w in survivors}
+    moves: dict[str, str] = {}
+    users = loads.get(drained.id, {})
+    for user, load in sorted(users.items(), key=lambda item: (-item[1], item[0])):
+        target = _admit_projected(survivors, projected, load, pool)
+        if target is None:
+            return None  # it would not fit: a compaction now would only invite a scale-up
+        projected[target] += load
+        moves[user] = target
+    # The same rule that grows the group, asked of the group as it would be: a compaction it would answer with
+    # a scale-up is not made (e.g. an idle worker drained while the remaining one is over its threshold).
+    if check_capacity([WorkerView(w.id, projected[w.id]) for w in survivors], replace(pool, max_workers=None),
+                      spawning=0) is not None:
+        return None
+    after = ledger(list(projected.values()), pool)
+    numbers = {**book.numbers(), "drained": drained.id, "drained_occupancy": round(drained.occupancy, 4),
+               "users": len(moves), "after": after.numbers()}
+    reason = f"H = {book.headroom:.2f} over {book.trigger:.2f}: drain the least-occupied worker and retire it"
+    return Compaction(drained.id, moves, Decision("compaction", drained.id, reason, numbers))
+
+
+def _admit_projected(survivors: Sequence[WorkerView], projected: Mapping[str, float], load: float,
+                     pool: Pool) -> str | None:
+    if len(survivors) == 1:  # only the reception is left: a group of one keeps, while under its threshold
+        only = survivors[0].id
+        return only if projected[only] + load < pool.reception_threshold else None
+    candidates = [w.id for w in survivors[1:] if projected[w.id] + load < pool.admission_threshold]
+    return min(candidates, key=lambda wid: projected[wid]) if candidates else None

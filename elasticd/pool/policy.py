@@ -1,0 +1,92 @@
+"""DECIDE, on the request path: reception-first placement, admission, and the scale-up check (seed 000).
+
+Pure: a group's routable workers in order (the FIRST is the reception) with their occupancies in, a
+decision out. Every decision carries its reason and the numbers behind it, for the decision journal.
+
+1. Placement: every user is born on the reception. On login the reception KEEPS the user while its own
+   occupancy is under ``reception_threshold``; over it, it PASSES the user to admission. The sole worker of a
+   group always keeps (a group of one cannot refuse a login).
+2. Admission: among the routable workers other than the reception, the least occupied under
+   ``admission_threshold``; none under → the last one, with a warning (FALLBACK), and let scale-up grow the group.
+3. Scale-up: when no non-reception worker is under ``admission_threshold``, or, in a group of one, the
+   reception is over its keep threshold. Guards: a spawn in flight (wait for it), ``max_workers``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from elasticd.config import Pool
+
+__all__ = ["Decision", "WorkerView", "admit", "check_capacity", "place_login"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    id: str
+    occupancy: float
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    kind: str  # keep | pass | admit | fallback | scale-up | compaction | retire
+    worker: str | None
+    reason: str
+    numbers: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _occupancies(workers: Sequence[WorkerView]) -> dict[str, float]:
+    return {w.id: round(w.occupancy, 4) for w in workers}
+
+
+def admit(workers: Sequence[WorkerView], pool: Pool) -> Decision:
+    """Rule 2 over the routable workers; the reception (``workers[0]``) is never a candidate."""
+    others = list(workers[1:])
+    if not others:
+        raise ValueError("admission needs a worker other than the reception")
+    numbers = {"occupancies": _occupancies(others), "admission_threshold": pool.admission_threshold}
+    under = [w for w in others if w.occupancy < pool.admission_threshold]
+    if under:
+        best = min(under, key=lambda w: w.occupancy)
+        return Decision("admit", best.id, f"least occupied worker under {pool.admission_threshold:g}", numbers)
+    return Decision("fallback", others[-1].id,
+                    f"no worker under {pool.admission_threshold:g}: placed on the last one, the group must grow",
+                    numbers)
+
+
+def place_login(workers: Sequence[WorkerView], pool: Pool) -> list[Decision]:
+    """Rule 1 (then rule 2 when the reception passes). The last decision names the worker."""
+    if not workers:
+        raise ValueError("placement needs at least one routable worker")
+    reception = workers[0]
+    numbers = {"reception": reception.id, "occupancy": round(reception.occupancy, 4),
+               "reception_threshold": pool.reception_threshold, "workers": len(workers)}
+    if len(workers) == 1:
+        return [Decision("keep", reception.id, "a group of one always keeps", numbers)]
+    if reception.occupancy < pool.reception_threshold:
+        return [Decision("keep", reception.id, f"reception under {pool.reception_threshold:g}", numbers)]
+    passed = Decision("pass", None, f"reception at or over {pool.reception_threshold:g}", numbers)
+    return [passed, admit(workers, pool)]
+
+
+def check_capacity(workers: Sequence[WorkerView], pool: Pool, *, spawning: int) -> Decision | None:
+    """Rule 3: a scale-up decision, or None when the group places well or a guard holds."""
+    if not workers:
+        return None
+    numbers: dict[str, Any] = {"occupancies": _occupancies(workers), "workers": len(workers),
+                               "spawning": spawning, "max_workers": pool.max_workers}
+    if len(workers) == 1:
+        if workers[0].occupancy < pool.reception_threshold:
+            return None
+        reason = f"a group of one whose reception is at or over {pool.reception_threshold:g}"
+    else:
+        if any(w.occupancy < pool.admission_threshold for w in workers[1:]):
+            return None
+        reason = f"no worker other than the reception under {pool.admission_threshold:g}"
+    if spawning:
+        return None  # a spawn in flight: wait for it to become routable and be measured
+    if pool.max_workers is not None and len(workers) >= pool.max_workers:
+        return None
+    return Decision("scale-up", None, reason, numbers)
