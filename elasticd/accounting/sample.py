@@ -109,7 +109,7 @@ class SampleBuilder:
     def build(self, ts: float, raw: Sequence[bytes | None]) -> Sample:
         previous = self._raw
         parsed = self._parsed
-        if raw == previous:  # an idle group: nothing changed at all (one C-level comparison)
+        if list(raw) == previous:  # an idle group: nothing changed at all (one C-level comparison)
             return _sample(ts, parsed)
         parsers = self._parsers
         for i, data in enumerate(raw):
@@ -117,5 +117,5 @@ class SampleBuilder:
                 parsed[i] = _MISSING[i]
             elif data != previous[i]:
                 parsed[i] = parsers[i](data.decode("ascii", "replace"))
-        self._raw = list(raw)
+        self._raw = list(raw)  # a copy: a caller may reuse its list
         return _sample(ts, parsed)

@@ -1,0 +1,177 @@
+"""TRANSPORT, elasticd's side: the channel socket where workers announce themselves and push reports.
+
+Framing is newline-delimited JSON: one object per line, readable from any language, refusable line by line,
+and bounded (a line over ``MAX_LINE`` closes the connection). Every connection starts with an announce
+``{"type": "announce", "worker", "token", "pid", "capabilities"}`` and is authenticated twice: the token
+elasticd gave that worker, and the peer's pid as the kernel reports it (``SO_PEERCRED``, not what the
+message claims) inside that worker's process tree. So a worker can never report for another, even one that
+learned its token. Then ``{"type": "occupancy", "report": {...}}`` lines follow; a malformed one is refused
+with a reason and the connection stays; nothing a peer sends can raise out of this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import struct
+import time
+from collections.abc import Callable
+from typing import Any
+
+from elasticd.pool.report import Report, ReportError, parse_report
+
+__all__ = ["MAX_LINE", "ChannelServer", "peer_pid"]
+
+log = logging.getLogger("elasticd.channel")
+
+MAX_LINE = 65536
+_UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
+
+# (worker_id, token, peer pid) → None when accepted, else the reason for the refusal
+Authenticate = Callable[[str, str, int], str | None]
+
+
+def peer_pid(writer: asyncio.StreamWriter) -> int | None:
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return None
+    try:
+        pid, _uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    except OSError:
+        return None
+    return pid
+
+
+class ChannelServer:
+    __slots__ = ("_authenticate", "_clock", "_connections", "_on_disconnect", "_on_report", "_server", "path")
+
+    def __init__(self, path: str, authenticate: Authenticate, on_report: Callable[[str, Report, float], None], *,
+                 on_disconnect: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self._authenticate = authenticate
+        self._on_report = on_report
+        self._on_disconnect = on_disconnect
+        self._clock = clock
+        self._server: asyncio.base_events.Server | None = None
+        self._connections: dict[str, asyncio.StreamWriter] = {}
+
+    def connected(self, worker_id: str) -> bool:
+        return worker_id in self._connections
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        self._server = await asyncio.start_unix_server(self._serve, self.path, limit=MAX_LINE)
+        # Workers run as other users once per-tenant users land; the token and SO_PEERCRED are the guard.
+        os.chmod(self.path, 0o666)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for writer in list(self._connections.values()):
+                writer.close()
+            await self._server.wait_closed()
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    def disconnect(self, worker_id: str) -> None:
+        writer = self._connections.pop(worker_id, None)
+        if writer is not None:
+            writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        worker_id = None
+        try:
+            worker_id = await self._handshake(reader, writer)
+            if worker_id is None:
+                return
+            while True:
+                message = await self._read(reader, writer)
+                if message is None:
+                    return
+                self._dispatch(worker_id, message, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except Exception:  # a peer must never take the daemon down; this is a bug of ours, so say so loudly
+            log.exception("channel: unexpected error serving %s", worker_id or "an unannounced peer")
+        finally:
+            if worker_id is not None and self._connections.get(worker_id) is writer:
+                del self._connections[worker_id]
+                if self._on_disconnect is not None:
+                    self._on_disconnect(worker_id)
+            writer.close()
+
+    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> dict[str, Any] | None:
+        """The next message; None at the end of the stream or when the line cannot be framed."""
+        while True:
+            try:
+                line = await reader.readline()
+            except (ValueError, asyncio.LimitOverrunError):
+                await _send(writer, {"type": "error", "reason": f"line longer than {MAX_LINE} bytes: closing"})
+                return None
+            if not line:
+                return None
+            try:
+                message = json.loads(line)
+            except (UnicodeDecodeError, ValueError) as exc:
+                await _send(writer, {"type": "error", "reason": f"not JSON: {exc}"})
+                continue
+            if not isinstance(message, dict):
+                await _send(writer, {"type": "error", "reason": "a message must be a JSON object"})
+                continue
+            return message
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str | None:
+        pid = peer_pid(writer)
+        message = await self._read(reader, writer)
+        if message is None:
+            return None
+        worker_id, token = message.get("worker"), message.get("token")
+        if message.get("type") != "announce" or not isinstance(worker_id, str) or not isinstance(token, str):
+            reason = 'the first message must be {"type": "announce", "worker": ..., "token": ...}'
+        elif pid is None:
+            reason = "the peer's credentials cannot be read"
+        else:
+            reason = self._authenticate(worker_id, token, pid)
+        if reason is not None:
+            log.warning("channel: refused a peer (pid %s) announcing as %r: %s", pid, worker_id, reason)
+            await _send(writer, {"type": "error", "reason": reason})
+            return None
+        previous = self._connections.get(worker_id)
+        if previous is not None and previous is not writer:
+            previous.close()  # a worker reconnecting replaces its old connection
+        self._connections[worker_id] = writer
+        await _send(writer, {"type": "ok"})
+        log.info("channel: worker %s announced (pid %s, capabilities %s)", worker_id, pid,
+                 message.get("capabilities"))
+        return worker_id
+
+    def _dispatch(self, worker_id: str, message: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        kind = message.get("type")
+        if kind != "occupancy":
+            _send_nowait(writer, {"type": "error", "reason": f"unknown message type {kind!r}"})
+            return
+        try:
+            report = parse_report(message.get("report"))
+        except ReportError as exc:
+            log.warning("channel: refused a report from %s: %s", worker_id, exc)
+            _send_nowait(writer, {"type": "error", "reason": f"report refused: {exc}"})
+            return
+        self._on_report(worker_id, report, self._clock())
+
+
+def _send_nowait(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
+    if not writer.is_closing():
+        writer.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+
+
+async def _send(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
+    _send_nowait(writer, message)
+    with contextlib.suppress(ConnectionError):
+        await writer.drain()

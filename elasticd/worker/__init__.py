@@ -1,0 +1,39 @@
+"""The library for Python apps run by elasticd: the occupancy sensor and its channel (seed 000, MEASURE).
+
+    from elasticd.worker import setup
+    app = web.Application()
+    setup(app, concurrency=8)   # middleware + channel client, started and stopped with the app
+
+A worker that does not use it is sensed by elasticd itself (process-tree cpu and rss, open requests).
+"""
+
+from __future__ import annotations
+
+import os
+
+from aiohttp import web
+
+from elasticd.worker.channel import ChannelClient
+from elasticd.worker.middleware import USER_HEADER, sensor_middleware, system_route
+from elasticd.worker.sensor import Sensor
+
+__all__ = ["USER_HEADER", "ChannelClient", "Sensor", "sensor_middleware", "setup", "system_route"]
+
+
+def setup(app: web.Application, concurrency: int | None = None) -> Sensor:
+    total = concurrency or int(os.environ.get("ELASTIC_CONCURRENCY", "8"))
+    interval = float(os.environ.get("ELASTIC_OCCUPANCY_INTERVAL", "5"))
+    sensor = Sensor(total, window=interval)
+    app.middlewares.append(sensor_middleware(sensor))
+    client = ChannelClient(sensor.report)
+
+    async def start(_app: web.Application) -> None:
+        client.start()
+
+    async def stop(_app: web.Application) -> None:
+        await client.stop()
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+    app["elastic_sensor"] = sensor
+    return sensor
