@@ -12,7 +12,7 @@ import pytest
 
 from elasticd.config import App, Group
 from elasticd.supervisor.backoff import RestartPolicy
-from elasticd.supervisor.plan import Desired, plan
+from elasticd.supervisor.plan import Desired, Running, plan
 from elasticd.supervisor.spawn import TRAMPOLINE, WorkerSpec, spawn_argv, spec_for, worker_env
 from elasticd.supervisor.worker import Worker
 
@@ -52,23 +52,27 @@ def _spec(argv: str = "app", env: tuple = ()) -> WorkerSpec:
 
 def test_plan_diff():
     running = {
-        ("t", "a", "keep"): Desired(_spec(), 1),
-        ("t", "a", "cmd"): Desired(_spec("old"), 1),
-        ("t", "a", "env"): Desired(_spec(env=(("A", "1"),)), 1),
-        ("t", "a", "more"): Desired(_spec(), 1),
-        ("t", "gone", "g"): Desired(_spec(), 1),
+        ("t", "a", "keep"): Running(_spec(), 1),
+        ("t", "a", "grown"): Running(_spec(), 3),  # the pool grew it: still within bounds, kept
+        ("t", "a", "cmd"): Running(_spec("old"), 1),
+        ("t", "a", "env"): Running(_spec(env=(("A", "1"),)), 1),
+        ("t", "a", "more"): Running(_spec(), 1),
+        ("t", "a", "less"): Running(_spec(), 4),
+        ("t", "gone", "g"): Running(_spec(), 1),
     }
     desired = {
-        ("t", "a", "keep"): Desired(_spec(), 1),
-        ("t", "a", "cmd"): Desired(_spec("new"), 1),
-        ("t", "a", "env"): Desired(_spec(env=(("A", "2"),)), 1),
-        ("t", "a", "more"): Desired(_spec(), 3),
-        ("t", "new", "g"): Desired(_spec(), 1),
+        ("t", "a", "keep"): Desired(_spec(), 1, 4),
+        ("t", "a", "grown"): Desired(_spec(), 1, 4),
+        ("t", "a", "cmd"): Desired(_spec("new"), 1, 4),
+        ("t", "a", "env"): Desired(_spec(env=(("A", "2"),)), 1, 4),
+        ("t", "a", "more"): Desired(_spec(), 3, 4),
+        ("t", "a", "less"): Desired(_spec(), 1, 2),
+        ("t", "new", "g"): Desired(_spec(), 1, None),
     }
     result = plan(running, desired)
-    assert result.keep == [("t", "a", "keep")]
+    assert result.keep == [("t", "a", "keep"), ("t", "a", "grown")]
     assert sorted(result.replace) == [("t", "a", "cmd"), ("t", "a", "env")]
-    assert result.resize == [("t", "a", "more")]
+    assert result.resize == [("t", "a", "more"), ("t", "a", "less")]
     assert result.start == [("t", "new", "g")]
     assert result.stop == [("t", "gone", "g")]
     assert result.removed_apps(desired) == {("t", "gone")}

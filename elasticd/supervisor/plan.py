@@ -10,13 +10,26 @@ from dataclasses import dataclass, field
 
 from elasticd.supervisor.spawn import WorkerSpec
 
-__all__ = ["Desired", "GroupKey", "Plan", "plan"]
+__all__ = ["Desired", "GroupKey", "Plan", "Running", "plan"]
 
 GroupKey = tuple[str, str, str]  # (tenant, app, group)
 
 
 @dataclass(frozen=True, slots=True)
 class Desired:
+    """What the config asks of a group: its spec, and the bounds the elastic pool moves its size within."""
+
+    spec: WorkerSpec
+    min_workers: int
+    max_workers: int | None = None
+
+    def clamp(self, count: int) -> int:
+        count = max(count, self.min_workers)
+        return count if self.max_workers is None else min(count, self.max_workers)
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
     spec: WorkerSpec
     count: int
 
@@ -26,7 +39,7 @@ class Plan:
     start: list[GroupKey] = field(default_factory=list)  # new groups
     stop: list[GroupKey] = field(default_factory=list)  # groups no longer configured
     replace: list[GroupKey] = field(default_factory=list)  # spec changed: new workers, then old ones go
-    resize: list[GroupKey] = field(default_factory=list)  # same spec, other count
+    resize: list[GroupKey] = field(default_factory=list)  # same spec, a size outside the new bounds
     keep: list[GroupKey] = field(default_factory=list)  # untouched: same processes
 
     def removed_apps(self, desired: Mapping[GroupKey, Desired]) -> set[tuple[str, str]]:
@@ -35,7 +48,8 @@ class Plan:
         return {(t, a) for t, a, _ in self.stop if (t, a) not in remaining}
 
 
-def plan(running: Mapping[GroupKey, Desired], desired: Mapping[GroupKey, Desired]) -> Plan:
+def plan(running: Mapping[GroupKey, Running], desired: Mapping[GroupKey, Desired]) -> Plan:
+    """The pool sizes groups between their bounds; a reload resizes a group only when its size left them."""
     result = Plan()
     for key, want in desired.items():
         have = running.get(key)
@@ -43,7 +57,7 @@ def plan(running: Mapping[GroupKey, Desired], desired: Mapping[GroupKey, Desired
             result.start.append(key)
         elif have.spec != want.spec:
             result.replace.append(key)
-        elif have.count != want.count:
+        elif want.clamp(have.count) != have.count:
             result.resize.append(key)
         else:
             result.keep.append(key)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from elasticd.config import Config
-from elasticd.supervisor.plan import Desired, GroupKey, Plan, plan
+from elasticd.supervisor.plan import Desired, GroupKey, Plan, Running, plan
 from elasticd.supervisor.spawn import WorkerSpec, spec_for
 from elasticd.supervisor.worker import Worker
 
@@ -86,7 +86,8 @@ class Supervisor:
     def desired(self, config: Config) -> dict[GroupKey, Desired]:
         return {
             (tenant.name, app.name, group.name):
-                Desired(spec_for(app, group, self.leaf_for(tenant.name, app.name)), group.pool.min_workers)
+                Desired(spec_for(app, group, self.leaf_for(tenant.name, app.name)), group.pool.min_workers,
+                        group.pool.max_workers)
             for tenant, app, group in config.groups()
         }
 
@@ -96,7 +97,7 @@ class Supervisor:
             self.occupancy_interval = config.server.occupancy_interval
             os.makedirs(os.path.join(self.runtime_dir, "workers"), mode=0o755, exist_ok=True)
             desired = self.desired(config)
-            running = {key: entry.desired for key, entry in self._groups.items()}
+            running = {key: Running(entry.desired.spec, len(entry.workers)) for key, entry in self._groups.items()}
             todo = plan(running, desired)
             problems: list[str] = []
             # Removed groups first (their traffic is already routed away), then what needs new processes.
@@ -113,6 +114,30 @@ class Supervisor:
                 self._groups[key].desired = desired[key]
                 problems.extend(await self._revive_failed(key))
             return ApplyResult(todo, problems)
+
+    # ------------------------------------------------------------------ the elastic pool's hands
+
+    def add_worker(self, key: GroupKey) -> Worker:
+        """Start one more worker in a group (scale-up). It joins the group at once; it is routable, and so
+        counted by the pool as more than a spawn in flight, once its socket accepts."""
+        entry = self._groups[key]
+        worker = self._new_worker(key, entry, entry.desired.spec)
+        entry.workers.append(worker)
+        worker.start()
+        return worker
+
+    async def retire(self, worker_id: str) -> None:
+        """Take a worker out of its group and stop it gracefully (compaction's last step)."""
+        for entry in self._groups.values():
+            for worker in entry.workers:
+                if worker.id == worker_id:
+                    entry.workers.remove(worker)
+                    await worker.stop(self.stop_timeout)
+                    return
+
+    def group_size(self, key: GroupKey) -> int:
+        entry = self._groups.get(key)
+        return len(entry.workers) if entry else 0
 
     async def stop_all(self) -> None:
         async with self._lock:
@@ -142,14 +167,14 @@ class Supervisor:
 
     async def _start_group(self, key: GroupKey, want: Desired) -> list[str]:
         entry = self._groups[key] = _Group(want)
-        fresh, problems = await self._launch(key, entry, want.spec, want.count)
+        fresh, problems = await self._launch(key, entry, want.spec, want.min_workers)
         entry.workers.extend(fresh)
         return problems
 
     async def _replace_group(self, key: GroupKey, want: Desired) -> list[str]:
         entry = self._groups[key]
         old = list(entry.workers)
-        fresh, problems = await self._launch(key, entry, want.spec, want.count)
+        fresh, problems = await self._launch(key, entry, want.spec, want.clamp(len(old)))
         if any(w.routable for w in fresh) or not any(w.routable for w in old):
             entry.workers = fresh
             entry.desired = want
@@ -165,10 +190,11 @@ class Supervisor:
     async def _resize_group(self, key: GroupKey, want: Desired) -> list[str]:
         entry = self._groups[key]
         entry.desired = want
-        surplus = len(entry.workers) - want.count
+        target = want.clamp(len(entry.workers))
+        surplus = len(entry.workers) - target
         if surplus > 0:
             # The newest go first: the oldest is the reception users were born on.
-            leaving, entry.workers = entry.workers[want.count:], entry.workers[:want.count]
+            leaving, entry.workers = entry.workers[target:], entry.workers[:target]
             await self._stop_workers(leaving)
             return []
         fresh, problems = await self._launch(key, entry, want.spec, -surplus)
