@@ -10,9 +10,12 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+
+from elasticd.accounting.high import SORTS, render_high
 
 __all__ = ["AdminClient", "ApiError", "main"]
 
@@ -179,6 +182,26 @@ def _check_limit(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("limit: give at least one of --cpu, --memory, --io-weight, --io-read, --io-write")
 
 
+async def _high(client: AdminClient, args: argparse.Namespace) -> int:
+    query = f"/v1/tenants/usage?interval_ms={args.interval_ms}" + ("&apps=1" if args.apps else "")
+    code, data = await client.request("GET", query)
+    if code != 200:
+        print(f"high: {data.get('error') or f'HTTP {code}'}", file=sys.stderr)
+        return 1
+    print(json.dumps(data, indent=2) if args.json else render_high(data, args.sort, args.apps))
+    return 0
+
+
+def _high_parser(sub: Any) -> None:
+    high = sub.add_parser("high", help="who uses the most CPU, memory or I/O now (two samples, N ms apart)")
+    high.add_argument("--sort", choices=SORTS, default="cpu")
+    high.add_argument("--interval-ms", dest="interval_ms", type=int, default=1000, metavar="N",
+                      help="time between the two samples (default 1000)")
+    high.add_argument("--apps", action="store_true", help="break tenants down by app")
+    high.add_argument("--json", action="store_true")
+    high.set_defaults(run=_high)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elasticctl", description="Control a running elasticd.")
     p.add_argument("--socket", default=os.environ.get("ELASTIC_ADMIN_SOCKET", DEFAULT_SOCKET),
@@ -191,6 +214,7 @@ def parser() -> argparse.ArgumentParser:
     reload.add_argument("--json", action="store_true")
     reload.set_defaults(run=_reload)
     _limit_parser(sub)
+    _high_parser(sub)
     return p
 
 
@@ -246,6 +270,24 @@ def limitio_main(argv: list[str] | None = None) -> int:
     if not extra:
         p.error("give at least one of --read, --write, --weight")
     return main(["--socket", args.socket, "limit", args.tenant, *extra, *_common(args)])
+
+
+def _high_alias(sort: str) -> Callable[[list[str] | None], int]:
+    def run(argv: list[str] | None = None) -> int:
+        p = argparse.ArgumentParser(prog=f"elastic-high{dict(cpu='cpu', memory='ram', io='io')[sort]}")
+        p.add_argument("--socket", default=os.environ.get("ELASTIC_ADMIN_SOCKET", DEFAULT_SOCKET))
+        p.add_argument("--interval-ms", dest="interval_ms", default="1000", metavar="N")
+        p.add_argument("--apps", action="store_true")
+        p.add_argument("--json", action="store_true")
+        args = p.parse_args(argv)
+        extra = [*(["--apps"] if args.apps else []), *(["--json"] if args.json else [])]
+        return main(["--socket", args.socket, "high", "--sort", sort, "--interval-ms", args.interval_ms, *extra])
+    return run
+
+
+highcpu_main = _high_alias("cpu")
+highram_main = _high_alias("memory")
+highio_main = _high_alias("io")
 
 
 if __name__ == "__main__":

@@ -20,12 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from elasticd import __version__
+from elasticd.accounting.sampler import Sampler
+from elasticd.accounting.usage import measure
 from elasticd.api.server import AdminApi, SocketInUse
 from elasticd.cgroup import CgroupTree, Decision, decide, probe
-from elasticd.config import Config, ConfigError, load_config
+from elasticd.config import Config, ConfigError, Resources, load_config
 from elasticd.front.relay import AiohttpRelay, Upstream
 from elasticd.front.routing import RouteTable
 from elasticd.front.server import Front
+from elasticd.metrics import MetricsServer
 from elasticd.overrides import effective
 from elasticd.runtime_limits import LimitsReply, RuntimeLimits
 from elasticd.supervisor.supervisor import Supervisor
@@ -66,8 +69,10 @@ class Daemon:
         "front",
         "last_reload",
         "limits",
+        "metrics",
         "notifier",
         "relay",
+        "sampler",
         "started_at",
         "supervisor",
         "tree",
@@ -88,6 +93,8 @@ class Daemon:
         self.front = Front(server.listen, RouteTable.from_config(config), self._upstreams, self.relay,
                            grace=server.stop_timeout)
         self.limits = RuntimeLimits(lambda: self.config, config_path, self._write_tenant_limits, self.reload)
+        self.sampler = Sampler()
+        self.metrics = MetricsServer(server.metrics_listen, self.sampler, self._limits_in_force)
         self.api = AdminApi(self, server.admin_socket, server.admin_group)
         self.started_at = time.time()
         self.last_reload: ReloadResult | None = None
@@ -100,6 +107,19 @@ class Daemon:
 
     def _leaf_for(self, tenant: str, app: str) -> str | None:
         return str(self.tree.leaf(tenant, app)) if self.tree is not None else None
+
+    def _limits_in_force(self) -> dict[str, Resources]:
+        return {name: self.limits.resources_of(name) for name in self.config.tenants}
+
+    def _sampler_targets(self, config: Config) -> dict[tuple[str, ...], Path]:
+        if self.tree is None:
+            return {}
+        targets: dict[tuple[str, ...], Path] = {}
+        for tenant in config.tenants.values():
+            targets[("tenant", tenant.name)] = self.tree.tenant_dir(tenant.name)
+            for app in tenant.apps.values():
+                targets[("app", tenant.name, app.name)] = self.tree.leaf(tenant.name, app.name)
+        return targets
 
     def _upstreams(self, tenant: str, app: str, group: str) -> list[Upstream]:
         return [Upstream(w.id, w.socket_path) for w in self.supervisor.routable(tenant, app, group)]
@@ -215,6 +235,8 @@ class Daemon:
             await self._remove_cgroups(previous, config)
         else:
             await self._remove_stale_cgroups(config)
+        # Reopened here: a reload may have added or removed cgroups under the sampler's descriptors.
+        self.sampler.set_targets(self._sampler_targets(config))
         self.config = config
         for problem in problems:
             log.error("%s", problem)
@@ -242,6 +264,19 @@ class Daemon:
 
     async def set_limits(self, tenant: str, body: Any) -> LimitsReply:
         return await self.limits.set(tenant, body)
+
+    async def usage(self, interval_ms: int, apps: bool) -> dict[str, Any]:
+        """Two reads of the tenant groups, ``interval_ms`` apart (GET /v1/tenants/usage)."""
+        if self.tree is None:
+            raise LookupError("cgroups are not enforced, so there is no usage to measure"
+                              + (f" ({self.cgroup_decision.warning})" if self.cgroup_decision else ""))
+        tree, config = self.tree, self.config
+        targets = {
+            tenant.name: (tree.tenant_dir(tenant.name), self.limits.resources_of(tenant.name),
+                          {app: tree.leaf(tenant.name, app) for app in tenant.apps})
+            for tenant in config.tenants.values()
+        }
+        return await measure(targets, interval_ms, apps=apps, read=self.sampler.read_now)
 
     # ------------------------------------------------------------------ status
 
@@ -288,6 +323,7 @@ class Daemon:
             os.makedirs(os.path.join(self.config.server.runtime_dir, "workers"), mode=0o755, exist_ok=True)
             await self.api.start()
             await self.front.start()
+            await self.metrics.start()
         except (StartupRefused, SocketInUse, ValueError, OSError) as exc:
             log.error("refusing to start: %s", exc)
             self.notifier.send(f"STATUS=refusing to start: {exc}")
@@ -297,6 +333,7 @@ class Daemon:
         for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._signals.put_nowait, signum.name)
         await self._activate(self.config, None)
+        sampling = asyncio.create_task(self.sampler.run(self.config.server.sample_interval), name="sampler")
         self.notifier.ready(self.supervisor.summary())
         self.notifier.start_watchdog()
         log.info("elasticd %s ready: front on %s, %s", __version__, self.config.server.listen,
@@ -304,6 +341,7 @@ class Daemon:
         while not self._stopping:
             name = await self._signals.get()
             await getattr(self, f"_on_{name.lower()}")()
+        sampling.cancel()
         await self._shutdown()
         return 0
 
@@ -324,13 +362,16 @@ class Daemon:
         if self.tree is not None:
             await asyncio.gather(*(self._drain_leaf(t.name, a.name) for t, a in self.config.apps()))
         await self.api.stop()
+        await self.metrics.stop()
+        self.sampler.close()
         log.info("stopped")
 
 
 def _restart_only_changes(old: Config, new: Config) -> list[str]:
     """Server keys a running daemon cannot take over in place: said once, applied at the next start."""
     notes = []
-    for key in ("listen", "admin_socket", "admin_group", "runtime_dir", "cgroups"):
+    for key in ("listen", "metrics_listen", "admin_socket", "admin_group", "runtime_dir", "cgroups",
+                "sample_interval"):
         if getattr(old.server, key) != getattr(new.server, key):
             notes.append(f"server.{key} changed: it takes effect when elasticd restarts")
     return notes

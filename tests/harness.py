@@ -92,12 +92,13 @@ class Daemon:
         self.runtime = tmp / "run"
         self.admin = tmp / "admin.sock"
         self.port = free_port()
+        self.metrics_port = free_port()
         self.config_path = tmp / "elastic.yaml"
         self.log_path = tmp / "elasticd.log"
         self.server_yaml = textwrap.dedent(f"""\
             server:
               listen: 127.0.0.1:{self.port}
-              metrics_listen: 127.0.0.1:{free_port()}
+              metrics_listen: 127.0.0.1:{self.metrics_port}
               admin_socket: {self.admin}
               runtime_dir: {self.runtime}
               stop_timeout: {stop_timeout}

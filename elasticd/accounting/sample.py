@@ -109,7 +109,7 @@ class SampleBuilder:
     def build(self, ts: float, raw: Sequence[bytes | None]) -> Sample:
         previous = self._raw
         parsed = self._parsed
-        if list(raw) == previous:  # an idle group: nothing changed at all (one C-level comparison)
+        if raw == previous:  # an idle group: nothing changed at all (one C-level comparison of lists)
             return _sample(ts, parsed)
         parsers = self._parsers
         for i, data in enumerate(raw):

@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from elasticd.accounting.usage import parse_apps_flag, parse_interval_ms
+
 __all__ = ["AdminApi", "Control", "ReloadOutcome", "SocketInUse"]
 
 log = logging.getLogger("elasticd.api")
@@ -35,6 +37,7 @@ class Control(Protocol):
     def status(self) -> dict[str, Any]: ...
     async def reload(self) -> ReloadOutcome: ...
     async def set_limits(self, tenant: str, body: Any) -> LimitsOutcome: ...
+    async def usage(self, interval_ms: int, apps: bool) -> dict[str, Any]: ...
 
 
 class SocketInUse(RuntimeError):
@@ -55,6 +58,7 @@ class AdminApi:
         app.router.add_get("/v1/status", self._status)
         app.router.add_post("/v1/reload", self._reload)
         app.router.add_get("/v1/tenants", self._tenants)
+        app.router.add_get("/v1/tenants/usage", self._usage)
         app.router.add_post("/v1/tenants/{tenant}/limits", self._set_limits)
         return app
 
@@ -91,6 +95,17 @@ class AdminApi:
         tenants = self._control.status()["tenants"]
         return web.json_response({name: {"limits": t["limits"], "apps": sorted(t["apps"])}
                                   for name, t in tenants.items()})
+
+    async def _usage(self, request: web.Request) -> web.Response:
+        try:
+            interval_ms = parse_interval_ms(request.query.get("interval_ms"))
+            apps = parse_apps_flag(request.query.get("apps"))
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        try:
+            return web.json_response(await self._control.usage(interval_ms, apps))
+        except LookupError as exc:
+            return web.json_response({"error": str(exc)}, status=409)
 
     async def _set_limits(self, request: web.Request) -> web.Response:
         try:
