@@ -135,9 +135,19 @@ class Supervisor:
                     await worker.stop(self.stop_timeout)
                     return
 
-    def group_size(self, key: GroupKey) -> int:
+    async def replace_worker(self, worker_id: str) -> None:
+        """A new worker in the group, then the old one stopped (a hung worker: the grace ends in SIGKILL)."""
+        for key, entry in self._groups.items():
+            for worker in entry.workers:
+                if worker.id == worker_id:
+                    entry.workers.remove(worker)
+                    self.add_worker(key)
+                    await worker.stop(self.stop_timeout)
+                    return
+
+    def workers_of(self, key: GroupKey) -> list[Worker]:
         entry = self._groups.get(key)
-        return len(entry.workers) if entry else 0
+        return list(entry.workers) if entry else []
 
     async def stop_all(self) -> None:
         async with self._lock:
