@@ -292,6 +292,8 @@ def start_with(text: str) -> float:
     result, seconds = timed(lambda: systemctl("restart", UNIT))
     check(result.returncode == 0, f"systemctl restart {UNIT} failed: {result.stderr.strip()}\n"
           + systemctl("status", UNIT, "--no-pager", "-l", "-n", "30").stdout)
+    if text == suite_config():
+        all_running(SUITE_APPS)
     return seconds
 
 
@@ -303,6 +305,23 @@ def ensure_suite() -> None:
                                              for w in workers(st, t, a)):
             return
     start_with(suite_config())
+
+
+def all_running(apps: list[tuple[str, str, str, int]], timeout: float = 60) -> tuple[dict[str, Any], float]:
+    """Wait until every worker of ``apps`` runs; (the status, seconds waited). READY=1 comes once the
+    workers are routable or after the supervisor's 30 s start wait, and under TCG a cold start of seven
+    Python workers on two emulated CPUs can come near that: slowness of the emulator is waited out here,
+    a worker that never comes up still fails the check that follows."""
+    start = time.monotonic()
+
+    def ready() -> dict[str, Any] | None:
+        st = status()
+        ok = all(len(workers(st, t, a)) == n and all(w["state"] == "running" for w in workers(st, t, a))
+                 for t, a, _, n in apps)
+        return st if ok else None
+
+    st = wait_for(ready, timeout, 0.5) or status()
+    return st, time.monotonic() - start
 
 
 def leaf(tenant: str, app: str) -> Path:
@@ -355,7 +374,7 @@ def s_start() -> tuple[str, dict[str, Any]]:
         delegate = os.getxattr(BASE, "trusted.delegate").decode()
     except OSError as exc:
         delegate = f"absent ({exc.strerror})"
-    st = status()
+    st, late = all_running(SUITE_APPS)
     check(st["cgroups"]["enforced"], f"elasticd does not enforce: {st['cgroups']}")
     wanted = WANTED & set(read(CGROOT / "cgroup.controllers").split())
     inner = [BASE, BASE / "tenants"] + [BASE / "tenants" / t for t, *_ in SUITE_APPS]
@@ -378,8 +397,9 @@ def s_start() -> tuple[str, dict[str, Any]]:
     for cg in cgroups_under(BASE):
         if procs(cg) and cg != BASE / "server" and cg not in leaves and not cg.name.startswith("."):
             raise Failed(f"processes {procs(cg)} in {cg}, which is neither server/ nor an app leaf")
+    waited = f" (+{late:.1f}s until all ran)" if late >= 1 else ""
     return (f"active {seconds:.1f}s after `systemctl start` (Type=notify, READY=1, status "
-            f"\"{props['StatusText']}\"); elasticd pid {pid} in server/; {len(leaves)} leaves with {in_leaves} "
+            f"\"{props['StatusText']}\"){waited}; elasticd pid {pid} in server/; {len(leaves)} leaves with {in_leaves} "
             f"workers, all in their leaf; subtree_control \"{' '.join(sorted(wanted))}\" at the base, "
             f"tenants/ and each tenant, 0 processes in those {len(inner)} inner nodes; "
             f"trusted.delegate={delegate}",
@@ -603,7 +623,7 @@ def s_stop_start() -> tuple[str, dict[str, Any]]:
         after_stop = "removed by systemd"
     result, start_s = timed(lambda: systemctl("start", UNIT))
     check(result.returncode == 0, f"systemctl start failed: {result.stderr.strip()}")
-    after, workers_after = layout(), workers_in_leaves(status())
+    after, workers_after = layout(), workers_in_leaves(all_running(SUITE_APPS)[0])
     check(after == before, f"the cgroups differ after a restart:\nbefore {before}\nafter  {after}")
     check(workers_after == workers_before, f"workers per leaf before {workers_before}, after {workers_after}")
     new_main = main_pid()
