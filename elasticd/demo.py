@@ -20,6 +20,8 @@ import time
 
 from aiohttp import web
 
+from elasticd.worker import setup
+
 MAX_MS, MAX_FORK, PAGE = 600_000, 100_000, 4096
 MAX_MB = 1 << 20  # 1 TiB: the kernel, not this app, should be what says no
 WORKER = os.environ.get("ELASTIC_WORKER_ID", "demo")
@@ -148,11 +150,28 @@ async def echo(request: web.Request) -> web.StreamResponse:
                   "headers": headers, "body_len": body_len})
 
 
+async def login(request: web.Request) -> web.Response:
+    name = request.query.get("name", "")
+    if not name or len(name) > 200 or not name.isprintable():
+        raise web.HTTPBadRequest(text="login needs ?name=N (printable, at most 200 characters)\n")
+    # The front reads this header (and strips it): the user is logged in, and the pool places it.
+    return web.Response(text=f"{name} logged in on {WORKER}\n", headers={"X-Elastic-Login": name})
+
+
+async def logout(request: web.Request) -> web.Response:
+    return web.Response(text=f"logged out of {WORKER}\n", headers={"X-Elastic-Login": "-"})
+
+
 def make_app() -> web.Application:
     app = web.Application()
     app.add_routes([web.get("/", index), web.get("/cpu", cpu), web.get("/mem", mem),
                     web.get("/mem/free", mem_free), web.get("/sleep", sleep), web.get("/fork", fork),
-                    web.get("/io", io), web.route("*", "/echo", echo)])
+                    web.get("/io", io), web.route("*", "/echo", echo), web.get("/login", login),
+                    web.get("/logout", logout)])
+    # The occupancy sensor and its channel (elasticd.worker), unless asked to be sensed from outside like a
+    # worker in any language would be (DEMO_SENSORLESS=1).
+    if os.environ.get("ELASTIC_CHANNEL") and os.environ.get("DEMO_SENSORLESS") != "1":
+        setup(app)
     return app
 
 

@@ -41,7 +41,9 @@ class WorkerSpec:
 def spec_for(app: App, group: Group, leaf: str | None) -> WorkerSpec:
     python = group.python or sys.executable
     argv = tuple(arg.replace("{python}", python) for arg in group.command)
-    return WorkerSpec(argv=argv, env=tuple(sorted(group.env.items())), cwd=app.root, leaf=leaf)
+    # ELASTIC_CONCURRENCY tells the sensor library its executor's size (an addition to DESIGN's contract).
+    env = {**group.env, "ELASTIC_CONCURRENCY": str(group.concurrency)}
+    return WorkerSpec(argv=argv, env=tuple(sorted(env.items())), cwd=app.root, leaf=leaf)
 
 
 def spawn_argv(spec: WorkerSpec) -> list[str]:
