@@ -1,4 +1,7 @@
-"""The front with real demo workers behind it: routing, failures as 404/502/503/504, streaming, headers."""
+"""The front with real demo workers behind it: routing, failures as 404/502/503/504, streaming, headers.
+
+Also the helpers the other front test modules use (``front``, ``client``, ``raw``, ``upstream_app``...).
+"""
 
 from __future__ import annotations
 
@@ -9,24 +12,24 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httptools
 import pytest
 from aiohttp import web
 from test_demo import DemoWorker
 from yarl import URL
 
 from elasticd.config import Address
-from elasticd.front.relay import AiohttpRelay, Upstream
-from elasticd.front.routing import AppRoute, RouteTable
-from elasticd.front.server import _HAS_CANCELLATION, Front
+from elasticd.front import AppRoute, Front, RouteTable, Upstream
 
 SHOP = AppRoute("acme", "shop", "green")
-ROUTES = RouteTable({"shop.localhost": SHOP})
+BLOG = AppRoute("globex", "blog", "blue")
+ROUTES = RouteTable({"shop.localhost": SHOP, "blog.localhost": BLOG})
 
 
 @pytest.fixture(autouse=True)
@@ -50,28 +53,33 @@ def workers(tmp_path_factory: pytest.TempPathFactory):
             worker.stop()
 
 
-@asynccontextmanager
-async def front(upstreams: Sequence[Upstream], timeout: float = 5.0) -> AsyncIterator[Front]:
-    seen: list[tuple[str, str, str]] = []
+Routable = Sequence[Upstream] | Mapping[tuple[str, str, str], Sequence[Upstream]] | Callable[[], Sequence[Upstream]]
 
+
+@asynccontextmanager
+async def front(upstreams: Routable, timeout: float = 5.0, **options: Any) -> AsyncIterator[Front]:
+    """A front on a free port. ``upstreams``: the same workers for every app, a mapping per route key, or a
+    callable asked at each request (so a test can reorder or empty the list)."""
     def routable(tenant: str, app: str, group: str) -> Sequence[Upstream]:
-        seen.append((tenant, app, group))
+        if callable(upstreams):
+            return upstreams()
+        if isinstance(upstreams, Mapping):
+            return upstreams.get((tenant, app, group), [])
         return upstreams
 
-    f = Front(Address("127.0.0.1", 0), ROUTES, routable, AiohttpRelay(timeout))
+    f = Front(Address("127.0.0.1", 0), options.pop("routes", ROUTES), routable, request_timeout=timeout, **options)
     await f.start()
     try:
         yield f
     finally:
-        await f.stop()
-    assert set(seen) <= {SHOP.key}
+        await f.stop(1.0)
 
 
 @asynccontextmanager
 async def client(f: Front) -> AsyncIterator[Callable[..., Any]]:
     # No headers of the test client's own, so what the worker sees is what the test sent plus the front's.
     async with aiohttp.ClientSession(skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
-                                     auto_decompress=False) as session:
+                                     auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()) as session:
         def request(path: str | URL, method: str = "GET", host: str = "shop.localhost", **kwargs: Any) -> Any:
             headers = {"Host": host, **kwargs.pop("headers", {})}
             url = path if isinstance(path, URL) else f"http://127.0.0.1:{f.port}{path}"
@@ -79,22 +87,67 @@ async def client(f: Front) -> AsyncIterator[Callable[..., Any]]:
         yield request
 
 
+async def raw(f: Front, data: bytes, timeout: float = 5.0) -> bytes:
+    """Send bytes on one connection and read until the front closes it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", f.port)
+    try:
+        writer.write(data)
+        return await asyncio.wait_for(reader.read(), timeout)
+    finally:
+        writer.close()
+
+
+class Answer:
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.headers: list[tuple[str, str]] = []
+        self.body = b""
+
+    def header(self, name: str) -> str | None:
+        return next((v for n, v in self.headers if n.lower() == name.lower()), None)
+
+
+def answers(data: bytes) -> list[Answer]:
+    """The responses in a byte stream (none of them to a HEAD request)."""
+    found: list[Answer] = []
+
+    class Collect:
+        def on_message_begin(self) -> None:
+            found.append(Answer())
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            found[-1].headers.append((name.decode(), value.decode()))
+
+        def on_headers_complete(self) -> None:
+            found[-1].status = parser.get_status_code()
+
+        def on_body(self, body: bytes) -> None:
+            found[-1].body += body
+
+    parser = httptools.HttpResponseParser(Collect())
+    parser.feed_data(data)
+    return found
+
+
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-def test_routes_by_host_and_alternates(workers: list[Upstream]) -> None:
-    async def scenario() -> list[str]:
+def test_routes_by_host_and_places_new_users_on_the_reception(workers: list[Upstream]) -> None:
+    async def scenario() -> list[tuple[str, bool]]:
         async with front(workers) as f, client(f) as request:
             assert f.port
             bodies = []
-            for host in ("shop.localhost", "SHOP.localhost:1234", "shop.localhost.", "shop.localhost"):
+            for host in ("shop.localhost", "SHOP.localhost:1234", "shop.localhost.", "blog.localhost"):
                 async with request("/", host=host) as resp:
                     assert resp.status == 200
-                    bodies.append((await resp.text()).split()[1])
+                    bodies.append(((await resp.text()).split()[1], "elastic_uid=" in resp.headers["Set-Cookie"]))
             return bodies
 
-    assert run(scenario()) == ["w1", "w2", "w1", "w2"]
+    # every new user is born on the group's first routable worker, and gets its cookie
+    assert run(scenario()) == [("w1", True)] * 4
 
 
 def test_unknown_host_is_404(workers: list[Upstream]) -> None:
@@ -115,24 +168,40 @@ def test_no_workers_is_503_with_retry_after() -> None:
     assert "acme/shop" in text
 
 
-def test_dead_worker_is_502_and_reported(tmp_path: Path) -> None:
+def test_dead_worker_is_502_unroutable_until_it_accepts_again(tmp_path: Path) -> None:
     refusing = tmp_path / "refusing.sock"
     with socket.socket(socket.AF_UNIX) as s:  # a socket file nobody listens on: connection refused
         s.bind(str(refusing))
-    dead = [Upstream("gone", str(tmp_path / "missing.sock")), Upstream("refusing", str(refusing))]
+    missing = tmp_path / "missing.sock"
+    dead = [Upstream("gone", str(missing)), Upstream("refusing", str(refusing))]
 
-    async def scenario() -> tuple[list[int], list[str]]:
-        failed: list[str] = []
-        statuses = []
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(text="back")
+
+    async def scenario() -> tuple[list[int], list[set[str]], str]:
+        statuses, unroutable = [], []
         async with front(dead) as f, client(f) as request:
-            f.on_upstream_failure = failed.append
-            for _ in dead:
+            for _ in range(3):  # gone (the reception), then refusing, then nobody is left
                 async with request("/") as resp:
                     statuses.append(resp.status)
                     assert "acme/shop" in await resp.text()
-        return statuses, failed
+                unroutable.append(set(f.unroutable))
+            async with upstream_app(missing, ok):  # "gone" comes back on its socket
+                for _ in range(100):
+                    if "gone" not in f.unroutable:
+                        break
+                    await asyncio.sleep(0.05)
+                async with request("/") as resp:
+                    text = await resp.text()
+            counters = f.accounting.workers
+            assert (counters["gone"].requests, counters["gone"].errors) == (2, 1)
+            assert (counters["refusing"].requests, counters["refusing"].errors) == (1, 1)
+        return statuses, unroutable, text
 
-    assert run(scenario()) == ([502, 502], ["gone", "refusing"])
+    statuses, unroutable, text = run(scenario())
+    assert statuses == [502, 502, 503]
+    assert unroutable == [{"gone"}, {"gone", "refusing"}, {"gone", "refusing"}]
+    assert text == "back"
 
 
 def test_slow_worker_is_504(workers: list[Upstream]) -> None:
@@ -163,15 +232,16 @@ def test_timeout_is_idle_not_total(workers: list[Upstream]) -> None:
 
 
 def test_hop_by_hop_dropped_and_forwarded_for_set(workers: list[Upstream]) -> None:
-    async def scenario() -> dict[str, Any]:
+    async def scenario() -> tuple[dict[str, Any], str]:
         async with front(workers) as f, client(f) as request:
             headers = {"Connection": "keep-alive, X-Drop-Me", "X-Drop-Me": "1", "Keep-Alive": "timeout=5",
                        "Proxy-Authorization": "Basic eA==", "TE": "trailers", "X-Keep-Me": "yes",
-                       "X-Forwarded-For": "10.0.0.1", "Cookie": "a=1"}
+                       "X-Forwarded-For": "10.0.0.1", "Cookie": "a=1", "X-Elastic-User-Id": "forged"}
             async with request("/echo", headers=headers) as resp:
-                return await resp.json()
+                return await resp.json(), resp.cookies["elastic_uid"].value
 
-    seen = {name.lower(): value for name, value in run(scenario())["headers"].items()}
+    body, user = run(scenario())
+    seen = {name.lower(): value for name, value in body["headers"].items()}
     for dropped in ("connection", "x-drop-me", "keep-alive", "proxy-authorization", "te",
                     # nothing added by the relay's HTTP client either
                     "user-agent", "accept", "accept-encoding", "content-type", "transfer-encoding"):
@@ -181,6 +251,7 @@ def test_hop_by_hop_dropped_and_forwarded_for_set(workers: list[Upstream]) -> No
     assert seen["x-forwarded-for"] == "10.0.0.1, 127.0.0.1"
     assert seen["x-forwarded-proto"] == "http"
     assert seen["x-forwarded-host"] == "shop.localhost"
+    assert seen["x-elastic-user-id"] == user  # ours, never the client's
 
 
 def test_path_and_query_reach_the_worker_unchanged(workers: list[Upstream]) -> None:
@@ -246,7 +317,8 @@ def test_set_routes_on_reload(workers: list[Upstream]) -> None:
 
 
 @asynccontextmanager
-async def upstream_app(path: Path, handler: Callable[[web.Request], Any]) -> AsyncIterator[list[Upstream]]:
+async def upstream_app(path: Path, handler: Callable[[web.Request], Any],
+                       worker_id: str = "odd") -> AsyncIterator[list[Upstream]]:
     """A worker in this process, for misbehaviours a real app would only show by accident."""
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handler)
@@ -254,7 +326,7 @@ async def upstream_app(path: Path, handler: Callable[[web.Request], Any]) -> Asy
     await runner.setup()
     await web.UnixSite(runner, str(path)).start()
     try:
-        yield [Upstream("odd", str(path))]
+        yield [Upstream(worker_id, str(path))]
     finally:
         await runner.cleanup()
 
@@ -284,11 +356,9 @@ def test_failure_mid_answer_truncates_the_client(tmp_path: Path, then: Callable[
     async def handler(request: web.Request) -> web.StreamResponse:
         return await _half_answer(request, then)
 
-    async def scenario() -> tuple[int, bytes, type[BaseException] | None, float, list[str]]:
-        failed: list[str] = []
+    async def scenario() -> tuple[int, bytes, type[BaseException] | None, float, set[str]]:
         async with upstream_app(tmp_path / "odd.sock", handler) as ups, front(ups, timeout=0.3) as f, \
                 client(f) as request:
-            f.on_upstream_failure = failed.append
             start = time.monotonic()
             async with request("/") as resp:
                 got = b""
@@ -298,15 +368,14 @@ def test_failure_mid_answer_truncates_the_client(tmp_path: Path, then: Callable[
                         got += chunk
                 except aiohttp.ClientPayloadError as exc:
                     error = type(exc)
-                return resp.status, got, error, time.monotonic() - start, failed
+                return resp.status, got, error, time.monotonic() - start, set(f.unroutable)
 
-    status, got, error, took, failed = run(scenario())
+    status, got, error, took, unroutable = run(scenario())
     assert (status, got, error) == (200, b"0123456789", aiohttp.ClientPayloadError)
     assert took < 2
-    assert failed == []  # the answer had started: no 502 to give, and the worker did answer
+    assert unroutable == set()  # the answer had started: no 502 to give, and the worker did answer
 
 
-@pytest.mark.skipif(not _HAS_CANCELLATION, reason="aiohttp 3.8 lets the handler of a gone client run on")
 def test_client_hanging_up_frees_the_worker(tmp_path: Path) -> None:
     events: list[str] = []
 
@@ -324,9 +393,7 @@ def test_client_hanging_up_frees_the_worker(tmp_path: Path) -> None:
         return web.Response(text="late")
 
     async def scenario() -> list[str]:
-        failed: list[str] = []
         async with upstream_app(tmp_path / "odd.sock", handler) as ups, front(ups) as f:
-            f.on_upstream_failure = failed.append
             async with client(f) as request:
                 with pytest.raises(asyncio.TimeoutError):
                     async with request("/", timeout=aiohttp.ClientTimeout(total=0.2)):
@@ -335,7 +402,13 @@ def test_client_hanging_up_frees_the_worker(tmp_path: Path) -> None:
                 if events:
                     break
                 await asyncio.sleep(0.02)
-        return events + failed
+            for _ in range(50):
+                if not f.accounting.open:
+                    break
+                await asyncio.sleep(0.02)
+            assert f.accounting.open == {} and f.accounting.routes[("acme", "shop")].codes == {499: 1}
+            assert f.unroutable == set()
+        return events
 
     assert run(scenario()) == ["worker connection closed"]
 
@@ -352,13 +425,18 @@ def test_expect_100_continue(workers: list[Upstream]) -> None:
 
 
 @asynccontextmanager
-async def raw_upstream(path: Path, answer: Callable[[bytes], bytes]) -> AsyncIterator[list[Upstream]]:
-    """A worker speaking HTTP by hand, sending what aiohttp never would (e.g. a 304 without a length)."""
+async def raw_upstream(path: Path, answer: Callable[[bytes], bytes],
+                       close_after: bytes | None = None) -> AsyncIterator[list[Upstream]]:
+    """A worker speaking HTTP by hand, sending what aiohttp never would (e.g. a 304 without a length).
+    ``close_after``: a path after whose answer it closes the connection (a close-delimited body)."""
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
-                writer.write(answer(await reader.readuntil(b"\r\n\r\n")))
+                head = await reader.readuntil(b"\r\n\r\n")
+                writer.write(answer(head))
                 await writer.drain()
+                if close_after is not None and head.split(b" ")[1] == close_after:
+                    break
         writer.close()
 
     server = await asyncio.start_unix_server(serve, str(path))
@@ -407,4 +485,6 @@ def test_encoded_body_and_repeated_headers_pass_untouched(tmp_path: Path) -> Non
                 client(f) as request, request("/") as resp:
             return await resp.read(), resp.headers.getall("Set-Cookie"), resp.headers["Content-Length"]
 
-    assert run(scenario()) == (packed, ["a=1", "b=2"], str(len(packed)))
+    body, cookies, length = run(scenario())
+    assert (body, cookies[:2], length) == (packed, ["a=1", "b=2"], str(len(packed)))
+    assert cookies[2].startswith("elastic_uid=")  # the new user's, after the worker's own

@@ -1,21 +1,18 @@
-"""Which app a request is for, and which worker of it is next: pure decisions, no I/O.
+"""Which app a request is for: a pure decision, no I/O.
 
-The front asks the table for the app of a ``Host`` header, then asks ``RoundRobin`` for one of the upstreams
-the supervisor currently says are routable. Both are rebuilt or pruned on reload, never mutated by requests
-in a way that depends on time.
+The front asks the table for the app of a ``Host`` header (and remembers the answer per Host value); which
+worker of the app's group then serves is the sticky surface's and the placement's decision (``sticky``).
+The table is rebuilt on reload, never mutated by requests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
 
 from elasticd.config import Config
 
-__all__ = ["AppRoute", "RoundRobin", "RouteTable", "normalize_host"]
-
-T = TypeVar("T")
+__all__ = ["AppRoute", "RouteTable", "normalize_host"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,30 +111,3 @@ class RouteTable:
 
     def __len__(self) -> int:
         return len(self._exact) + len(self._suffixes) + (self._catch_all is not None)
-
-
-class RoundRobin:
-    """Picks the next item of a list per key.
-
-    The list is the caller's current view (workers come and go), so the state is only a position per key,
-    taken modulo the list's length on every pick: a grown or shrunk list never breaks it, and it cycles
-    through every item when the list stays the same.
-    """
-
-    __slots__ = ("_next",)
-
-    def __init__(self) -> None:
-        self._next: dict[Hashable, int] = {}
-
-    def pick(self, key: Hashable, items: Sequence[T]) -> T:
-        if not items:
-            raise ValueError("nothing to pick from")
-        index = self._next.get(key, 0) % len(items)
-        # Store the next position already reduced, so counters stay small however long the daemon runs.
-        self._next[key] = (index + 1) % len(items)
-        return items[index]
-
-    def retain(self, keys: Collection[Hashable]) -> None:
-        """Forget the positions of keys no longer routed (after a reload), so state stays bounded."""
-        for key in [k for k in self._next if k not in keys]:
-            del self._next[key]

@@ -1,119 +1,367 @@
-"""The front: one HTTP listener for every app, routing each request by its Host header to a worker.
+"""The front: one HTTP listener for every app — routes by Host, enforces tenant quotas, keeps users sticky,
+clocks every forward, and relays bytes to the workers' Unix sockets.
 
-A thin shell: the route table and round robin decide, ``workers`` (the supervisor's view) says who is
-routable right now, and the relay moves the bytes. Errors it answers itself are short text naming the app.
+The decisions are the pure modules' (routing, quota, sticky, accounting, http1); this shell owns the
+listener, the per-worker connection pools, the workers it found dead (unroutable until their socket accepts
+again), and one periodic tick for timeouts and expiry (no timer per request).
 """
 
 from __future__ import annotations
 
-import inspect
+import asyncio
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
-from aiohttp import hdrs, web, web_server
+from elasticd.config import Address, Quotas
+from elasticd.front.accounting import Accounting, RouteStats
+from elasticd.front.client import ClientConn
+from elasticd.front.collector import FrontCollector
+from elasticd.front.exchange import Exchange
+from elasticd.front.quota import CONCURRENCY, QuotaBook, TenantQuota
+from elasticd.front.routing import AppRoute, RouteTable
+from elasticd.front.sticky import PlaceFn, Surface, new_user_id, place, set_cookie_line, user_from_cookie
+from elasticd.front.upstream import Pool, Upstream, UpstreamConn
 
-from elasticd.config import Address
-from elasticd.front.relay import Relay, Upstream, UpstreamError, UpstreamTimeout
-from elasticd.front.routing import RoundRobin, RouteTable
-
-__all__ = ["Front", "WorkersFn"]
+__all__ = ["Front", "Target", "WorkersFn"]
 
 log = logging.getLogger("elasticd.front")
 
-# (tenant, app, group) -> the upstreams routable right now, in a stable order.
+# (tenant, app, group) -> the upstreams routable right now, in the group's stable order (first: reception).
 WorkersFn = Callable[[str, str, str], Sequence[Upstream]]
 
-# aiohttp 3.9 moved the shutdown grace from the site to the runner (and warns when a site is given one),
-# and added handler_cancellation, which 3.8 always does. Bookworm ships 3.8, so ask rather than assume.
-_GRACE_ON_RUNNER = "shutdown_timeout" in inspect.signature(web.BaseRunner.__init__).parameters
-_HAS_CANCELLATION = "handler_cancellation" in inspect.signature(web_server.Server.__init__).parameters
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_MISS = object()
+_MAX_HOSTS = 1024  # Host header values remembered with their route (a flood of odd names only resets it)
 
 
-def _text(status: int, text: str, **headers: str) -> web.Response:
-    return web.Response(status=status, text=text + "\n", headers=headers)
+class Target:
+    """What a Host header resolved to: the route, its stats and its tenant's quota (cached per Host)."""
+
+    __slots__ = ("quota", "route", "stats")
+
+    def __init__(self, route: AppRoute, stats: RouteStats, quota: TenantQuota | None) -> None:
+        self.route = route
+        self.stats = stats
+        self.quota = quota
 
 
 class Front:
-    __slots__ = ("_address", "_grace", "_relay", "_routes", "_rr", "_runner", "_workers",
-                 "on_upstream_failure", "port")
+    __slots__ = ("_address", "_connecting", "_next_expiry", "_pools", "_probes", "_routes", "_server", "_targets",
+                 "_timer", "_workers", "accounting", "clock", "conns", "keepalive_timeout", "max_header_bytes",
+                 "on_login", "place", "port", "quotas", "request_timeout", "stale_after", "stopping", "surface",
+                 "tunnel_timeout", "unroutable")
 
-    def __init__(self, address: Address, routes: RouteTable, workers: WorkersFn, relay: Relay,
-                 *, grace: float = 10.0) -> None:
+    def __init__(self, address: Address, routes: RouteTable, workers: WorkersFn, *,
+                 quotas: Mapping[str, Quotas] | None = None, request_timeout: float = 60.0,
+                 user_ttl: float = 1800.0, clock: Callable[[], float] = time.monotonic,
+                 max_header_bytes: int = 32 << 10, keepalive_timeout: float = 75.0,
+                 tunnel_timeout: float = 3600.0) -> None:
         self._address = address
         self._routes = routes
         self._workers = workers
-        self._relay = relay
-        self._grace = grace  # how long stop() lets requests in flight finish
-        self._rr = RoundRobin()
-        self._runner: web.AppRunner | None = None
-        # Called with a worker id when its socket refused or dropped a request (the supervisor may check it).
-        self.on_upstream_failure: Callable[[str], object] | None = None
-        self.port: int | None = None  # the bound port once started (useful with port 0)
+        self.clock = clock
+        self.request_timeout = request_timeout  # connect, wait for the answer's head, any pause in a body
+        self.keepalive_timeout = keepalive_timeout  # an idle client connection between requests
+        self.tunnel_timeout = tunnel_timeout  # an idle upgraded (WebSocket) connection
+        self.max_header_bytes = max_header_bytes  # request line + headers; over it: 431
+        self.stale_after = 6 * 3600.0  # an open-requests entry this old can only be a leak: swept
+        self.quotas = QuotaBook(quotas or {}, clock())
+        self.surface = Surface(user_ttl)
+        self.accounting = Accounting()
+        self.place: PlaceFn = place  # where a new (or re-placed) user goes: the reception
+        # At a login (X-Elastic-Login: <name>): (group key, user) → the worker the user lives on from now on,
+        # or None to leave it where it is. The pool's reception-first keep/pass policy plugs in here.
+        self.on_login: Callable[[tuple[str, str, str], str], str | None] | None = None
+        self.unroutable: set[str] = set()  # workers found dead, until their socket accepts again
+        self.conns: set[ClientConn] = set()
+        self.stopping = False
+        self.port: int | None = None
+        self._targets: dict[bytes | None, Target | None] = {}
+        self._pools: dict[str, Pool] = {}
+        self._probes: dict[str, asyncio.Task[None]] = {}
+        self._connecting: set[asyncio.Task[UpstreamConn]] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._next_expiry = 0.0
+
+    # ------------------------------------------------------------------ configuration (reload)
 
     def set_routes(self, routes: RouteTable) -> None:
-        """Swap the table on reload; requests already routed finish where they are."""
+        """Swap the table; requests already routed finish where they are."""
         self._routes = routes
-        self._rr.retain({route.key for route in routes.routes()})
+        self._targets.clear()
+        self.accounting.retain_routes({(r.tenant, r.app) for r in routes.routes()})
+
+    def set_quotas(self, quotas: Mapping[str, Quotas]) -> None:
+        """New limits apply to the next request; requests in flight stay counted."""
+        self.quotas.update(quotas, self.clock())
+        self._targets.clear()
+        self.accounting.retain_tenants(set(quotas))
+
+    def configure(self, *, request_timeout: float, user_ttl: float) -> None:
+        self.request_timeout = request_timeout
+        self.surface.ttl = user_ttl
+
+    def collector(self) -> FrontCollector:
+        """For the metrics server's registry: requests, latency and quota refusals."""
+        return FrontCollector(self.accounting, lambda: list(self.quotas.tenants))
+
+    def routable(self, tenant: str, app: str, group: str) -> Sequence[Upstream]:
+        """The supervisor's routable workers less those the front found dead."""
+        upstreams = self._workers(tenant, app, group)
+        if self.unroutable:
+            return [u for u in upstreams if u.worker_id not in self.unroutable]
+        return upstreams
+
+    # ------------------------------------------------------------------ life
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        # No access log: one line per request on the hot path; metrics count requests instead.
-        runner_options: dict[str, Any] = {"access_log": None}
-        site_options: dict[str, Any] = {}
-        if _GRACE_ON_RUNNER:
-            runner_options["shutdown_timeout"] = self._grace
-        else:
-            site_options["shutdown_timeout"] = self._grace
-        if _HAS_CANCELLATION:
-            # A client that hangs up should free its worker at once, as on 3.8 (and as nginx does).
-            runner_options["handler_cancellation"] = True
-        runner = web.AppRunner(app, **runner_options)
-        await runner.setup()
-        try:
-            site = web.TCPSite(runner, self._address.host, self._address.port, **site_options)
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        self.port = runner.addresses[0][1]
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: ClientConn(self), self._address.host, self._address.port,
+                                                reuse_address=True, backlog=1024)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._timer = loop.call_later(self._tick_interval(), self._tick)
         log.info("front listening on %s", Address(self._address.host, self.port))
 
-    async def stop(self) -> None:
-        """Stop accepting, let requests in flight finish (up to the grace), then close worker connections."""
-        runner, self._runner = self._runner, None
-        try:
-            if runner is not None:
-                await runner.cleanup()
-        finally:
-            await self._relay.close()
+    async def stop(self, grace: float = 10.0) -> None:
+        """Stop accepting; let answers under way finish (up to ``grace``); close every connection."""
+        self.stopping = True
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.conns):
+            if conn.idle and conn.transport is not None:
+                conn.transport.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while any(not c.idle for c in self.conns) and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for conn in list(self.conns):
+            if conn.transport is not None:
+                conn.transport.abort()
+        if self._timer is not None:
+            self._timer.cancel()
+        for task in [*self._probes.values(), *self._connecting]:
+            task.cancel()
+        for worker_id in list(self._pools):
+            self._drop_pool(worker_id)
+        await asyncio.sleep(0)  # let the transports' close callbacks run
+        self._server = None
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        # The Host header itself: aiohttp's request.host falls back to this machine's name, a wrong answer.
-        host = request.headers.get(hdrs.HOST)
-        route = self._routes.lookup(host)
-        if route is None:
-            return _text(404, f"no app for host {host or '(none)'}")
-        upstreams = self._workers(route.tenant, route.app, route.group)
-        if not upstreams:
-            return _text(503, f"{route}: no worker available", **{hdrs.RETRY_AFTER: "1"})
-        upstream = self._rr.pick(route.key, upstreams)
-        try:
-            return await self._relay.forward(request, upstream)
-        except UpstreamTimeout as exc:
-            log.warning("%s %s %s: %s", route, request.method, request.path, exc)
-            return _text(504, f"{route}: the worker did not answer in time")
-        except UpstreamError as exc:
-            log.warning("%s %s %s: %s", route, request.method, request.path, exc)
-            self._report_failure(upstream.worker_id)
-            return _text(502, f"{route}: the worker could not be reached")
+    def close_upstream(self, worker_id: str) -> None:
+        """The worker is gone (the supervisor saw it exit): close its pooled connections, re-place its users
+        at their next request, and forget it was unroutable (a restarted worker is the supervisor's to call
+        routable again)."""
+        self._drop_pool(worker_id)
+        self.surface.release(worker_id)
+        self.unroutable.discard(worker_id)
+        probe = self._probes.pop(worker_id, None)
+        if probe is not None:
+            probe.cancel()
 
-    def _report_failure(self, worker_id: str) -> None:
-        if self.on_upstream_failure is None:
+    def _drop_pool(self, worker_id: str) -> None:
+        pool = self._pools.pop(worker_id, None)
+        if pool is not None:
+            pool.close()
+
+    def _tick_interval(self) -> float:
+        return max(0.01, min(1.0, self.request_timeout / 4, self.keepalive_timeout / 4))
+
+    def _tick(self) -> None:
+        now = self.clock()
+        for conn in list(self.conns):
+            if conn.tunnel is not None:
+                limit = self.tunnel_timeout
+            else:
+                limit = self.keepalive_timeout if conn.idle else self.request_timeout
+            if now - conn.active_at > limit:
+                conn.timed_out()
+        if now >= self._next_expiry:
+            self.surface.expire(now)
+            self.accounting.sweep(now - self.stale_after)
+            self._next_expiry = now + min(60.0, self.surface.ttl / 4)
+        self._timer = asyncio.get_running_loop().call_later(self._tick_interval(), self._tick)
+
+    # ------------------------------------------------------------------ the request path (from ClientConn)
+
+    def target(self, host: bytes | None) -> Target | None:
+        found = self._targets.get(host, _MISS)
+        if found is not _MISS:
+            return found  # type: ignore[return-value]
+        route = self._routes.lookup(host.decode("latin-1") if host is not None else None)
+        target = None if route is None else Target(route, self.accounting.route(route.tenant, route.app),
+                                                   self.quotas.get(route.tenant))
+        if len(self._targets) >= _MAX_HOSTS:
+            self._targets.clear()
+        self._targets[host] = target
+        return target
+
+    def dispatch(self, client: ClientConn, ex: Exchange) -> None:
+        if ex.error is not None:
+            client.answer(ex, *ex.error, close=True)
             return
+        target = self.target(ex.head.host)
+        if target is None:
+            host = ex.head.host.decode("latin-1") if ex.head.host is not None else "(none)"
+            client.answer(ex, 404, f"no app for host {host}")
+            return
+        route, stats = target.route, target.stats
+        ex.route = route
+        ex.stats = stats
+        now = self.clock()
+        ex.ts = now
+        quota = target.quota
+        if quota is not None:
+            refusal = quota.admit(now)
+            if refusal is not None:
+                self.accounting.refused(route.tenant, refusal.reason)
+                stats.answered(refusal.status)
+                why = "too many requests at once" if refusal.reason == CONCURRENCY else "request rate over quota"
+                client.answer(ex, refusal.status, f"{route}: {why}", retry_after=refusal.retry_after)
+                return
+            ex.quota = quota
+        upstreams = self._workers(route.tenant, route.app, route.group)
+        if self.unroutable:
+            upstreams = [u for u in upstreams if u.worker_id not in self.unroutable]
+        if not upstreams:
+            if quota is not None:
+                quota.leave()
+                ex.quota = None
+            stats.answered(503)
+            client.answer(ex, 503, f"{route}: no worker available", retry_after=1)
+            return
+        upstream = None
+        cookie = ex.head.cookie
+        user = user_from_cookie(cookie) if cookie is not None else None
+        if user is not None:
+            entry = self.surface.users.get(user)
+            if entry is not None:
+                worker = entry.worker
+                for candidate in upstreams:
+                    if candidate.worker_id == worker:
+                        upstream = candidate
+                        break
+            if upstream is None:  # new on the surface, or its worker went: (re-)placed
+                upstream = self._place(user, upstreams)
+                entry = self.surface.assign(user, upstream.worker_id, now)
+            else:
+                entry.seen = now  # type: ignore[union-attr]
+            ex.entry = entry
+        else:
+            user = new_user_id()
+            ex.cookie_line = set_cookie_line(user, ex.head.secure)
+            upstream = self._place(None, upstreams)
+        ex.user = user
+        ex.worker = upstream.worker_id
+        pool = self._pools.get(upstream.worker_id)
+        if pool is None or pool.path != upstream.socket_path:
+            self._drop_pool(upstream.worker_id)
+            pool = self._pools[upstream.worker_id] = Pool(upstream, self.accounting.worker(upstream.worker_id))
+        ex.counters = pool.counters
+        ex.rid = self.accounting.opened(ex)
+        if ex.head.expect and not ex.body_done and ex.http11:
+            client.write(_CONTINUE)
+        conn = pool.take()
+        if conn is not None:
+            conn.attach(ex, client, reused=True)
+            client.send_head(ex)
+        else:
+            self.connect(client, ex, pool)
+
+    def _place(self, user: str | None, upstreams: Sequence[Upstream]) -> Upstream:
+        chosen = self.place(user, self.surface, upstreams)
+        if chosen == upstreams[0].worker_id:
+            return upstreams[0]
+        for upstream in upstreams:
+            if upstream.worker_id == chosen:
+                return upstream
+        log.warning("placement chose %r, not a routable worker; using the reception", chosen)
+        return upstreams[0]
+
+    def connect(self, client: ClientConn, ex: Exchange, pool: Pool) -> None:
+        task = asyncio.get_running_loop().create_task(pool.connect())
+        self._connecting.add(task)
+        task.add_done_callback(partial(self._connected, client, ex, pool))
+
+    def _connected(self, client: ClientConn, ex: Exchange, pool: Pool, task: asyncio.Task[UpstreamConn]) -> None:
+        self._connecting.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            if ex.finished or client.transport is None or not ex.rid:
+                return
+            log.warning("%s %s: worker %s: cannot connect: %s", ex.method.decode(),
+                        ex.url.decode(errors="replace"), ex.worker, error)
+            self.worker_failed(pool.worker_id, pool.path)
+            self.relay_failed(client, ex, 502, "the worker could not be reached")
+            return
+        conn = task.result()
+        if ex.finished or client.transport is None or not ex.rid:
+            pool.put(conn)  # the client left or timed out meanwhile: keep the connection for the next one
+            return
+        conn.attach(ex, client, reused=False)
+        client.send_head(ex)
+
+    def relay_failed(self, client: ClientConn, ex: Exchange, status: int, text: str, close: bool = False) -> None:
+        """A forwarded request failed before its answer started: the front answers it, in its turn."""
+        target = self._targets.get(ex.head.host)
+        label = f"{target.route}: " if isinstance(target, Target) else ""
+        client.answer(ex, status, label + text, close=close)
+        if ex.rid:
+            self.close_exchange(ex, status)
+            ex.rid = 0
+        client.serve_next()
+
+    def close_exchange(self, ex: Exchange, status: int) -> None:
+        now = self.clock()
+        assert ex.counters is not None and ex.stats is not None
+        self.accounting.closed(ex.rid, status, now - ex.ts, ex.counters, ex.stats, ex.entry)
+        quota = ex.quota
+        if quota is not None:
+            if quota.gate.in_flight > 0:  # quota.leave(), inlined
+                quota.gate.in_flight -= 1
+            ex.quota = None
+        login = ex.login
+        if login is not None and ex.user is not None and ex.worker is not None:
+            name = None if login == b"-" else login.decode("utf-8", "replace")
+            self.surface.login(ex.user, name, ex.worker, now)
+            if name is not None and self.on_login is not None and ex.route is not None:
+                self._placed_at_login(ex.route, ex.user, ex.worker, now)
+
+    def _placed_at_login(self, route: AppRoute, user: str, worker: str, now: float) -> None:
+        """A login: the pool's placement may keep the user where it is or pass it to another worker."""
+        assert self.on_login is not None
         try:
-            self.on_upstream_failure(worker_id)
-        except Exception:  # a broken hook must not turn a 502 into a 500
-            log.exception("on_upstream_failure(%s) failed", worker_id)
+            chosen = self.on_login(route.key, user)
+        except Exception:  # a broken policy must not break the answer that carried the login
+            log.exception("placement at login failed for %s", route)
+            return
+        if chosen is not None and chosen != worker:
+            self.surface.assign(user, chosen, now)
+
+    def worker_failed(self, worker_id: str | None, path: str) -> None:
+        """Refused, vanished or dropped a request unanswered: unroutable until its socket accepts again."""
+        if worker_id is None or worker_id in self.unroutable:
+            return
+        self.unroutable.add(worker_id)
+        self._drop_pool(worker_id)
+        self._probes[worker_id] = asyncio.get_running_loop().create_task(self._probe(worker_id, path))
+
+    async def _probe(self, worker_id: str, path: str) -> None:
+        loop = asyncio.get_running_loop()
+        delay = 0.05
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                transport, _ = await loop.create_unix_connection(asyncio.Protocol, path)
+            except OSError:
+                delay = min(delay * 2, 2.0)
+                continue
+            transport.close()
+            break
+        self.unroutable.discard(worker_id)
+        self._probes.pop(worker_id, None)
+        log.info("worker %s accepts connections again: routable", worker_id)
+

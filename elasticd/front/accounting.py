@@ -1,0 +1,158 @@
+"""Forward accounting: what the front clocks around every relay. Pure: times are passed in.
+
+- per worker, cumulative ``requests``, ``errors`` (answers >= 500, the front's own 502/504 included) and
+  ``seconds`` of forwarding — the forward counters the pool's worker_metrics rows snapshot;
+- per user, ``requests`` and ``seconds``, kept on the user's surface entry so they are forgotten with it;
+- the open requests: a dict id → the request (``.user``, ``.worker``, ``.ts``), not a counter — a drifted
+  counter never heals, a stale entry is visible and swept by its timestamp; the pool quiesces a user on it;
+- per (tenant, app), answers by status code and a latency histogram, and per tenant the quota refusals:
+  what ``collector.FrontCollector`` exposes.
+
+Everything here is read by other threads only through copies (the metrics page renders in a thread).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterator
+from typing import Protocol
+
+from elasticd.front.sticky import SurfaceUser
+
+__all__ = ["BOUNDS", "Accounting", "OpenRequest", "RouteStats", "WorkerCounters"]
+
+# Prometheus' default buckets: fine where a proxied request lives (ms to seconds).
+BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+
+
+class OpenRequest(Protocol):
+    """What an open-requests entry exposes (the front stores its own exchange object: no copy per request)."""
+
+    user: str | None
+    worker: str | None
+    ts: float
+
+
+class WorkerCounters:
+    __slots__ = ("errors", "requests", "seconds")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.errors = 0
+        self.seconds = 0.0
+
+    def snapshot(self) -> dict[str, float]:
+        return {"requests": self.requests, "errors": self.errors, "seconds": self.seconds}
+
+    def __repr__(self) -> str:
+        return f"WorkerCounters(requests={self.requests}, errors={self.errors}, seconds={self.seconds:.6f})"
+
+
+class RouteStats:
+    """Answers of one (tenant, app): count per status code; latency of the forwarded ones as a histogram
+    (per-bucket counts, not cumulative: cumulated when exposed)."""
+
+    __slots__ = ("buckets", "codes", "count", "sum")
+
+    def __init__(self) -> None:
+        self.codes: dict[int, int] = {}
+        self.buckets = [0] * (len(BOUNDS) + 1)
+        self.count = 0
+        self.sum = 0.0
+
+    def answered(self, code: int) -> None:
+        self.codes[code] = self.codes.get(code, 0) + 1
+
+    def observe(self, seconds: float) -> None:
+        self.buckets[bisect_left(BOUNDS, seconds)] += 1
+        self.count += 1
+        self.sum += seconds
+
+
+class Accounting:
+    __slots__ = ("_next_id", "open", "rejections", "routes", "workers")
+
+    def __init__(self) -> None:
+        self.workers: dict[str, WorkerCounters] = {}
+        self.open: dict[int, OpenRequest] = {}
+        self.routes: dict[tuple[str, str], RouteStats] = {}
+        self.rejections: dict[tuple[str, str], int] = {}  # (tenant, reason) → count
+        self._next_id = 0
+
+    # ------------------------------------------------------------------ the forward path
+
+    def worker(self, worker_id: str) -> WorkerCounters:
+        counters = self.workers.get(worker_id)
+        if counters is None:
+            counters = self.workers[worker_id] = WorkerCounters()
+        return counters
+
+    def route(self, tenant: str, app: str) -> RouteStats:
+        stats = self.routes.get((tenant, app))
+        if stats is None:
+            stats = self.routes[(tenant, app)] = RouteStats()
+        return stats
+
+    def opened(self, request: OpenRequest) -> int:
+        """Register a request being forwarded; the id to close it with."""
+        self._next_id += 1
+        self.open[self._next_id] = request
+        return self._next_id
+
+    def closed(self, request_id: int, status: int, seconds: float, counters: WorkerCounters,
+               stats: RouteStats, user: SurfaceUser | None) -> None:
+        """A forwarded request ended: answered with ``status`` (the front's own 502/504, or 499 when the
+        client left first) after ``seconds``."""
+        self.open.pop(request_id, None)
+        counters.requests += 1
+        counters.seconds += seconds
+        if status >= 500:
+            counters.errors += 1
+        codes = stats.codes  # RouteStats.answered and .observe, inlined: this runs once per request
+        codes[status] = codes.get(status, 0) + 1
+        stats.buckets[bisect_left(BOUNDS, seconds)] += 1
+        stats.count += 1
+        stats.sum += seconds
+        if user is not None:
+            user.requests += 1
+            user.seconds += seconds
+
+    def refused(self, tenant: str, reason: str) -> None:
+        key = (tenant, reason)
+        self.rejections[key] = self.rejections.get(key, 0) + 1
+
+    # ------------------------------------------------------------------ housekeeping and reading
+
+    def sweep(self, horizon: float) -> list[int]:
+        """Drop open entries older than ``horizon``: only a bug could leave one (every request closes its own
+        entry however it ends), and a visible, then swept, stale entry is the point of using a dict."""
+        stale = [rid for rid, request in list(self.open.items()) if request.ts < horizon]
+        for rid in stale:
+            self.open.pop(rid, None)
+        return stale
+
+    def open_of(self, user: str) -> list[OpenRequest]:
+        """A user's requests in flight (a live move quiesces on this being empty)."""
+        return [r for r in list(self.open.values()) if r.user == user]
+
+    def open_by_worker(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for request in list(self.open.values()):
+            if request.worker is not None:
+                counts[request.worker] = counts.get(request.worker, 0) + 1
+        return counts
+
+    def forget_worker(self, worker_id: str) -> None:
+        self.workers.pop(worker_id, None)
+
+    def retain_routes(self, keys: set[tuple[str, str]]) -> None:
+        """After a reload: drop the stats of apps no longer routed (their series end)."""
+        for key in [k for k in self.routes if k not in keys]:
+            del self.routes[key]
+
+    def retain_tenants(self, tenants: set[str]) -> None:
+        for key in [k for k in self.rejections if k[0] not in tenants]:
+            del self.rejections[key]
+
+    def iter_routes(self) -> Iterator[tuple[tuple[str, str], RouteStats]]:
+        return iter(list(self.routes.items()))

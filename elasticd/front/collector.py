@@ -1,0 +1,63 @@
+"""The front's Prometheus metrics, as a custom collector over the accounting (nothing counted twice).
+
+- ``elasticd_requests_total{tenant,app,code}``: every answer to a request routed to an app, refusals included;
+- ``elasticd_request_duration_seconds{tenant,app}``: the forwarded ones' time from dispatch to the last byte;
+- ``elasticd_quota_rejections_total{tenant,reason}``: reason ``concurrency`` (503) or ``rate`` (429), both
+  present at 0 for every configured tenant, so a rate() over them has a series from the start.
+
+``collect`` runs in the metrics server's thread: it only reads copies of the dicts the event loop mutates
+(copying a dict is atomic under the GIL), and counts read while a request is being closed are at worst one
+request behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+
+from elasticd.front.accounting import BOUNDS, Accounting
+from elasticd.front.quota import CONCURRENCY, RATE
+
+__all__ = ["FrontCollector"]
+
+_LE = [repr(b) for b in BOUNDS] + ["+Inf"]
+
+
+class FrontCollector:
+    __slots__ = ("_accounting", "_tenants")
+
+    def __init__(self, accounting: Accounting, tenants: Callable[[], Iterable[str]]) -> None:
+        self._accounting = accounting
+        self._tenants = tenants  # the configured tenants, for the zero-valued rejection series
+
+    def describe(self) -> list[Metric]:
+        return []  # nothing to check at registration: the names are fixed and ours
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily("elasticd_requests_total", "Requests answered, by tenant, app and status.",
+                                       labels=["tenant", "app", "code"])
+        duration = HistogramMetricFamily("elasticd_request_duration_seconds",
+                                         "Time to forward a request and relay its answer.",
+                                         labels=["tenant", "app"])
+        for (tenant, app), stats in self._accounting.iter_routes():
+            for code, count in sorted(stats.codes.copy().items()):
+                requests.add_metric([tenant, app, str(code)], count)
+            buckets, total, count = list(stats.buckets), stats.sum, stats.count
+            cumulative, running = [], 0
+            for le, n in zip(_LE, buckets, strict=True):
+                running += n
+                cumulative.append((le, running))
+            cumulative[-1] = ("+Inf", max(running, count))
+            duration.add_metric([tenant, app], cumulative, total)
+        yield requests
+        yield duration
+        rejections = CounterMetricFamily("elasticd_quota_rejections_total",
+                                         "Requests refused by a tenant's quota, by reason.",
+                                         labels=["tenant", "reason"])
+        counted = self._accounting.rejections.copy()
+        tenants = set(self._tenants()) | {tenant for tenant, _ in counted}
+        for tenant in sorted(tenants):
+            for reason in (CONCURRENCY, RATE):
+                rejections.add_metric([tenant, reason], counted.get((tenant, reason), 0))
+        yield rejections

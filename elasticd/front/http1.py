@@ -1,0 +1,333 @@
+"""The HTTP/1.1 rules of the proxy, as pure functions over parsed heads: no sockets, no clock (h11-style).
+
+httptools (a C parser) finds the message boundaries and hands over (name, value) pairs; these functions
+decide what crosses the proxy and how each body is framed, and build the bytes to send:
+
+- ``read_request``: the client's head → what the worker gets (end-to-end headers, Host kept, the
+  X-Forwarded-* trio, X-Elastic-User-Id set by us only) and the facts the front routes on;
+- ``upstream_head``: those facts → the request head bytes for the worker (always HTTP/1.1, kept alive);
+- ``read_response``: the worker's head → the client's head (hop-by-hop and X-Elastic-Login stripped, the
+  sticky cookie added) and the framing on both sides;
+- ``plain``: the answers the front gives itself (404, 429, 431, 502, 503, 504...).
+
+Hop-by-hop (RFC 9110 §7.6.1): Connection, the headers it names, Keep-Alive, Proxy-*, TE, Trailer(s),
+Transfer-Encoding and Upgrade describe one connection and never cross — except the Upgrade handshake of a
+WebSocket, relayed both ways. Bodies are relayed as they come: Content-Length kept when there is one,
+otherwise re-chunked for an HTTP/1.1 client or delimited by closing the connection for HTTP/1.0.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+__all__ = ["CHUNK", "EOF", "LENGTH", "NONE", "RequestHead", "RequestReader", "ResponseHead", "ResponseReader",
+           "chunk", "is_http11", "plain", "read_request", "read_response", "status_line", "upstream_head"]
+
+# Framing of a body (how its end is known).
+NONE, LENGTH, CHUNK, EOF = 0, 1, 2, 3
+
+_HOP = (b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
+        b"te", b"trailer", b"trailers", b"transfer-encoding", b"upgrade")
+_HOST, _COOKIE, _CONN, _XFF, _XFP, _XFH, _EXPECT, _TE, _LENGTH, _UPGRADE, _DROP, _LOGIN = range(1, 13)
+
+_REQUEST_KINDS: dict[bytes, int] = {name: _DROP for name in _HOP}
+_REQUEST_KINDS.update({
+    b"host": _HOST, b"cookie": _COOKIE, b"connection": _CONN, b"x-forwarded-for": _XFF,
+    b"x-forwarded-proto": _XFP, b"x-forwarded-host": _XFH, b"expect": _EXPECT, b"transfer-encoding": _TE,
+    b"content-length": _LENGTH, b"upgrade": _UPGRADE,
+    b"x-elastic-user-id": _DROP,  # only the front says who the user is
+})
+_RESPONSE_KINDS: dict[bytes, int] = {name: _DROP for name in _HOP}
+_RESPONSE_KINDS.update({
+    b"connection": _CONN, b"transfer-encoding": _TE, b"content-length": _LENGTH, b"upgrade": _UPGRADE,
+    b"x-elastic-login": _LOGIN,
+})
+_NOT_NAMES = frozenset({b"close", b"keep-alive", b"upgrade", b""})  # Connection tokens that name no header
+
+
+class RequestHead:
+    """A client's request head, read. ``lines``: the end-to-end header lines as pieces to join."""
+
+    __slots__ = ("chunked", "cookie", "expect", "forwarded_for", "forwarded_host", "host", "keep_alive",
+                 "length", "lines", "proto", "upgrade")
+
+    def __init__(self) -> None:
+        self.lines: list[bytes] = []
+        self.host: bytes | None = None
+        self.cookie: bytes | None = None
+        self.forwarded_for: bytes | None = None
+        self.forwarded_host: bytes | None = None
+        self.proto: bytes | None = None
+        self.expect = False
+        self.chunked: bytes | None = None  # the Transfer-Encoding value when the body is chunked
+        self.length: bytes | None = None
+        self.upgrade: bytes | None = None  # the Upgrade value, kept only for a real upgrade request
+        self.keep_alive = True
+
+    @property
+    def has_body(self) -> bool:
+        return self.chunked is not None or (self.length is not None and self.length.strip() not in (b"0", b""))
+
+    @property
+    def secure(self) -> bool:
+        """Came over TLS, as the terminator in front of us says (the first X-Forwarded-Proto value)."""
+        return self.proto is not None and self.proto.split(b",", 1)[0].strip().lower() == b"https"
+
+
+def is_http11(parser: Any, tokens: list[bytes] | None) -> bool:
+    """The message's version is 1.1, asking the parser as cheaply as it can be asked (at the end of a head).
+
+    ``get_http_version`` formats a string (~0.3 µs); ``should_keep_alive`` is a plain C flag that is True
+    without a keep-alive token only for HTTP/1.1, so the string is only made for the rarer cases."""
+    if parser.should_keep_alive() and (tokens is None or b"keep-alive" not in tokens):
+        return True
+    return bool(parser.get_http_version() == "1.1")
+
+
+def _drop_named(lines: list[bytes], names: set[bytes]) -> list[bytes]:
+    """Without the header lines ``Connection`` named (lines are (name, ": ", value, CRLF) pieces)."""
+    kept: list[bytes] = []
+    for i in range(0, len(lines), 4):
+        if lines[i].lower() not in names:
+            kept.extend(lines[i:i + 4])
+    return kept
+
+
+def _tokens(value: bytes) -> list[bytes]:
+    return [token.strip().lower() for token in value.split(b",")]
+
+
+class RequestReader:
+    """Reads request heads one header at a time: ``header`` is the parser's own ``on_header`` callback (one
+    Python call per header), ``finish`` completes the head at ``on_headers_complete``. No I/O."""
+
+    __slots__ = ("head", "size", "tokens")
+
+    def __init__(self) -> None:
+        self.start()
+
+    def start(self) -> None:
+        self.head = RequestHead()
+        self.size = 0  # header bytes read (name, value, ": " and CRLF)
+        self.tokens: list[bytes] | None = None  # Connection's tokens
+
+    def header(self, name: bytes, value: bytes) -> None:
+        head = self.head
+        self.size += len(name) + len(value) + 4
+        kind = _REQUEST_KINDS.get(name.lower())
+        if kind is None:
+            head.lines.extend((name, b": ", value, b"\r\n"))
+        elif kind == _HOST:
+            head.host = value
+            head.lines.extend((name, b": ", value, b"\r\n"))
+        elif kind == _COOKIE:
+            head.cookie = value if head.cookie is None else head.cookie + b"; " + value
+            head.lines.extend((name, b": ", value, b"\r\n"))
+        elif kind == _CONN:
+            self.tokens = _tokens(value) if self.tokens is None else self.tokens + _tokens(value)
+        elif kind == _XFF:
+            head.forwarded_for = value if head.forwarded_for is None else head.forwarded_for + b", " + value
+        elif kind == _XFP:
+            head.proto = value if head.proto is None else head.proto + b", " + value
+            head.lines.extend((name, b": ", value, b"\r\n"))
+        elif kind == _XFH:
+            head.forwarded_host = value
+            head.lines.extend((name, b": ", value, b"\r\n"))
+        elif kind == _EXPECT:
+            head.expect = value.strip().lower() == b"100-continue"
+        elif kind == _TE:
+            head.chunked = value  # the parser took the chunked layer off; other codings stay, and stay said
+        elif kind == _LENGTH:
+            head.length = value
+            head.lines.extend((name, b": ", value, b"\r\n"))
+        elif kind == _UPGRADE:
+            head.upgrade = value
+        # _DROP: hop-by-hop, or X-Elastic-User-Id (only the front says who the user is)
+
+    def finish(self, http11: bool, upgrade: bool) -> RequestHead:
+        """``upgrade``: the parser saw a real upgrade request (Upgrade with Connection: upgrade)."""
+        head = self.head
+        if not upgrade:
+            head.upgrade = None
+        tokens = self.tokens
+        if tokens is None:
+            head.keep_alive = http11
+        else:
+            head.keep_alive = b"close" not in tokens if http11 else b"keep-alive" in tokens
+            named = set(tokens) - _NOT_NAMES
+            if named:
+                head.lines = _drop_named(head.lines, named)
+                if b"cookie" in named:
+                    head.cookie = None
+        return head
+
+
+def read_request(headers: list[tuple[bytes, bytes]], http11: bool, upgrade: bool) -> RequestHead:
+    """A whole head at once (for tests and tools): what the reader makes of these headers."""
+    reader = RequestReader()
+    for name, value in headers:
+        reader.header(name, value)
+    return reader.finish(http11, upgrade)
+
+
+def upstream_head(method: bytes, url: bytes, head: RequestHead, peer: bytes | None, user: bytes) -> list[bytes]:
+    """The pieces of the request head the worker receives (joined by the caller with whatever body follows)."""
+    parts = [method, b" ", url, b" HTTP/1.1\r\n", *head.lines]
+    # X-Forwarded-For is appended to (a proxy in front of us keeps its chain); Proto and Host are only set
+    # when absent, so a TLS terminator in front can state the scheme and host the user saw.
+    if peer is not None:
+        previous = head.forwarded_for
+        parts.extend((b"X-Forwarded-For: ", previous + b", " + peer if previous else peer, b"\r\n"))
+    elif head.forwarded_for is not None:
+        parts.extend((b"X-Forwarded-For: ", head.forwarded_for, b"\r\n"))
+    if head.proto is None:
+        parts.append(b"X-Forwarded-Proto: http\r\n")
+    if head.forwarded_host is None and head.host is not None:
+        parts.extend((b"X-Forwarded-Host: ", head.host, b"\r\n"))
+    parts.extend((b"X-Elastic-User-Id: ", user, b"\r\n"))
+    if head.chunked is not None:
+        parts.extend((b"Transfer-Encoding: ", head.chunked, b"\r\n"))
+    if head.upgrade is not None:
+        parts.extend((b"Connection: upgrade\r\nUpgrade: ", head.upgrade, b"\r\n"))
+    parts.append(b"\r\n")
+    return parts
+
+
+def chunk(data: bytes) -> tuple[bytes, bytes, bytes]:
+    return (b"%x\r\n" % len(data), data, b"\r\n")
+
+
+class ResponseHead:
+    """A worker's response head, read: the client's head (as pieces, to which the body is appended before
+    the one write) and how both sides frame the body."""
+
+    __slots__ = ("close", "framing", "login", "parts", "reusable", "upstream_eof")
+
+    def __init__(self, parts: list[bytes], framing: int, close: bool, reusable: bool, upstream_eof: bool,
+                 login: bytes | None) -> None:
+        self.parts = parts
+        self.framing = framing  # toward the client: NONE, LENGTH, CHUNK (re-chunked) or EOF (close ends it)
+        self.close = close  # close the client's connection after this answer
+        self.reusable = reusable  # the worker's connection may carry another request afterwards
+        self.upstream_eof = upstream_eof  # the worker's body ends when it closes
+        self.login = login  # X-Elastic-Login's value (stripped) or None when absent
+
+    @property
+    def head(self) -> bytes:
+        return b"".join(self.parts)
+
+    def __repr__(self) -> str:
+        return (f"ResponseHead(framing={self.framing}, close={self.close}, reusable={self.reusable}, "
+                f"upstream_eof={self.upstream_eof}, login={self.login!r}, head={self.head!r})")
+
+
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+_STATUS_LINES: dict[tuple[int, bytes | None], bytes] = {}
+
+
+def status_line(status: int, reason: bytes | None) -> bytes:
+    line = _STATUS_LINES.get((status, reason))
+    if line is None:
+        line = b"HTTP/1.1 %d %s\r\n" % (status, reason or _REASONS.get(status, b"Unknown"))
+        if len(_STATUS_LINES) < 512:  # workers' reason phrases are few; an odd one is just formatted again
+            _STATUS_LINES[(status, reason)] = line
+    return line
+
+
+class ResponseReader:
+    """Reads response heads one header at a time (``header`` is the parser's ``on_header``); ``finish``
+    decides the client's head and the framing. No I/O."""
+
+    __slots__ = ("chunked", "length", "lines", "login", "tokens", "upgrade")
+
+    def __init__(self) -> None:
+        self.start()
+
+    def start(self) -> None:
+        self.lines: list[bytes] = [b""]  # [0]: the status line, known at the end of the head
+        self.tokens: list[bytes] | None = None
+        self.length: bytes | None = None
+        self.chunked = False
+        self.login: bytes | None = None
+        self.upgrade: bytes | None = None
+
+    def header(self, name: bytes, value: bytes) -> None:
+        kind = _RESPONSE_KINDS.get(name.lower())
+        if kind is None:
+            self.lines.extend((name, b": ", value, b"\r\n"))
+        elif kind == _LENGTH:
+            self.length = value
+            self.lines.extend((name, b": ", value, b"\r\n"))
+        elif kind == _CONN:
+            self.tokens = _tokens(value) if self.tokens is None else self.tokens + _tokens(value)
+        elif kind == _TE:
+            self.chunked = True
+        elif kind == _LOGIN:
+            self.login = value.strip()
+        elif kind == _UPGRADE:
+            self.upgrade = value
+
+    def finish(self, status: int, reason: bytes | None, upstream11: bool, head_request: bool, client11: bool,
+               client_keep_alive: bool, extra: bytes = b"") -> ResponseHead:
+        """``extra``: header lines the front adds (the new user's Set-Cookie)."""
+        parts = self.lines
+        parts[0] = status_line(status, reason)
+        tokens = self.tokens
+        upstream_keep_alive = upstream11
+        if tokens is not None:
+            upstream_keep_alive = (b"close" not in tokens) if upstream11 else (b"keep-alive" in tokens)
+            named = set(tokens) - _NOT_NAMES
+            if named:
+                parts = [parts[0], *_drop_named(parts[1:], named)]
+        if status == 101:
+            # The handshake crosses whole: from here on both connections carry the new protocol.
+            parts.extend((b"Connection: upgrade\r\nUpgrade: ", self.upgrade or b"", b"\r\n", extra, b"\r\n"))
+            return ResponseHead(parts, EOF, True, False, True, self.login)
+        upstream_eof = False
+        if head_request or status in (204, 304) or status < 200:
+            framing = NONE  # a Content-Length here describes the body a GET would have had: it stays as said
+        elif self.length is not None and not self.chunked:
+            framing = LENGTH
+        else:
+            upstream_eof = not self.chunked
+            framing = CHUNK if client11 else EOF
+        close = not client_keep_alive or framing == EOF
+        if extra:
+            parts.append(extra)
+        if framing == CHUNK:
+            parts.append(b"Transfer-Encoding: chunked\r\n")
+        if close:
+            parts.append(b"Connection: close\r\n")
+        elif not client11:
+            parts.append(b"Connection: keep-alive\r\n")
+        parts.append(b"\r\n")
+        return ResponseHead(parts, framing, close, upstream_keep_alive and not upstream_eof, upstream_eof,
+                            self.login)
+
+
+def read_response(status: int, reason: bytes | None, headers: list[tuple[bytes, bytes]], upstream11: bool, *,
+                  head_request: bool, client11: bool, client_keep_alive: bool,
+                  extra: bytes = b"") -> ResponseHead:
+    """A whole head at once (for tests and tools)."""
+    reader = ResponseReader()
+    for name, value in headers:
+        reader.header(name, value)
+    return reader.finish(status, reason, upstream11, head_request=head_request, client11=client11,
+                         client_keep_alive=client_keep_alive, extra=extra)
+
+
+def plain(status: int, text: str, *, close: bool = False, retry_after: int | None = None,
+          head_request: bool = False) -> bytes:
+    """An answer of the front's own: short text naming what went wrong."""
+    body = (text + "\n").encode()
+    parts = [status_line(status, None), b"Content-Type: text/plain; charset=utf-8\r\n",
+             b"Content-Length: %d\r\n" % len(body)]
+    if retry_after is not None:
+        parts.append(b"Retry-After: %d\r\n" % retry_after)
+    if close:
+        parts.append(b"Connection: close\r\n")
+    parts.append(b"\r\n")
+    if not head_request:
+        parts.append(body)
+    return b"".join(parts)

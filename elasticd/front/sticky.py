@@ -1,0 +1,185 @@
+"""Sticky users: the cookie that names a user, and the surface user → worker. Pure: time is passed in.
+
+A user is a browser holding the ``elastic_uid`` cookie (128 random bits, 32 hex digits). The surface keeps,
+per user, the worker it sticks to, the name a worker logged it in under, when it was last seen and what it
+consumed (requests, seconds of forwarding). It is the commander's surface of the elastic pool: placement
+policies read it, moves re-point it.
+
+A user enters the surface when it comes back with the cookie the front gave it (or when a worker logs it
+in): clients that keep no cookie (curl, bots, load generators) would otherwise add one entry per request.
+Their first request is placed like any new user's, so nothing about where they land changes. The surface is
+bounded by the users who keep cookies and were seen within ``ttl``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
+
+__all__ = ["COOKIE", "PlaceFn", "Surface", "SurfaceUser", "Worker", "new_user_id", "place", "set_cookie_line",
+           "user_from_cookie"]
+
+COOKIE = "elastic_uid"
+_NEEDLE = COOKIE.encode() + b"="
+_ID_LEN = 32  # hex digits of 128 bits
+_HEX_DIGITS = b"0123456789abcdef"
+
+
+class _Random:
+    """128-bit ids cut from a 4 KiB block of os.urandom: one getrandom() per 256 new users, not per user."""
+
+    __slots__ = ("block", "pos")
+
+    def __init__(self) -> None:
+        self.block = b""
+        self.pos = 0
+
+    def take16(self) -> bytes:
+        if self.pos >= len(self.block):
+            self.block = os.urandom(4096)
+            self.pos = 0
+        pos = self.pos
+        self.pos = pos + 16
+        return self.block[pos:pos + 16]
+
+    def reset(self) -> None:
+        self.block = b""  # a forked child must not hand out its parent's ids
+
+
+_random = _Random()
+os.register_at_fork(after_in_child=_random.reset)
+
+
+def new_user_id() -> str:
+    return _random.take16().hex()
+
+
+def user_from_cookie(header: bytes) -> str | None:
+    """The user id in a Cookie header's value, or None when absent or not one we could have issued.
+
+    A malformed value is treated as no cookie (the user gets a fresh one); a well-formed id we do not know is
+    accepted as is (after a restart or ``ttl`` the user keeps its id, and guessing another user's 128 bits
+    is not a way in: the surface only steers where requests go).
+    """
+    start = header.find(_NEEDLE)
+    while start >= 0:
+        if start == 0 or header[start - 1] in b" ;":
+            begin = start + len(_NEEDLE)
+            value = header[begin:begin + _ID_LEN]
+            end = begin + _ID_LEN
+            if (len(value) == _ID_LEN and (end == len(header) or header[end] in b"; ")
+                    and not value.translate(None, _HEX_DIGITS)):
+                return value.decode("ascii")
+        start = header.find(_NEEDLE, start + 1)
+    return None
+
+
+_SET = f"Set-Cookie: {COOKIE}=".encode()
+_ATTRIBUTES = b"; Path=/; HttpOnly; SameSite=Lax\r\n"
+_ATTRIBUTES_SECURE = b"; Path=/; HttpOnly; SameSite=Lax; Secure\r\n"
+
+
+def set_cookie_line(user: str, secure: bool) -> bytes:
+    """The Set-Cookie header line for a new user: a session cookie, never readable by scripts, sent on
+    top-level navigation from other sites (Lax) so a followed link keeps the user where it was."""
+    return _SET + user.encode("ascii") + (_ATTRIBUTES_SECURE if secure else _ATTRIBUTES)
+
+
+class SurfaceUser:
+    """One user on the surface. ``requests``/``seconds``: what the forward path consumed for it."""
+
+    __slots__ = ("login", "requests", "seconds", "seen", "worker")
+
+    def __init__(self, worker: str, seen: float) -> None:
+        self.worker = worker
+        self.login: str | None = None
+        self.seen = seen
+        self.requests = 0
+        self.seconds = 0.0
+
+    def __repr__(self) -> str:
+        return (f"SurfaceUser(worker={self.worker!r}, login={self.login!r}, seen={self.seen}, "
+                f"requests={self.requests}, seconds={self.seconds:.6f})")
+
+
+class Surface:
+    """user id → SurfaceUser."""
+
+    __slots__ = ("ttl", "users")
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self.users: dict[str, SurfaceUser] = {}
+
+    def __len__(self) -> int:
+        return len(self.users)
+
+    def __contains__(self, user: object) -> bool:
+        return user in self.users
+
+    def get(self, user: str) -> SurfaceUser | None:
+        return self.users.get(user)
+
+    def assign(self, user: str, worker: str, now: float) -> SurfaceUser:
+        """Point ``user`` at ``worker`` (placing a new user, re-placing one whose worker went, a move)."""
+        entry = self.users.get(user)
+        if entry is None:
+            entry = self.users[user] = SurfaceUser(worker, now)
+        else:
+            entry.worker = worker
+            entry.seen = now
+        return entry
+
+    def login(self, user: str, name: str | None, worker: str, now: float) -> SurfaceUser:
+        """A worker said ``X-Elastic-Login: name`` (None for ``-``, logged out) answering ``user``."""
+        entry = self.users.get(user)
+        if entry is None:
+            entry = self.users[user] = SurfaceUser(worker, now)
+        entry.login = name
+        return entry
+
+    def release(self, worker: str) -> int:
+        """The worker is gone (its process and its users' state with it): its users are re-placed at their
+        next request, wherever placement says, even if a new process comes back under the same id."""
+        released = 0
+        for entry in list(self.users.values()):
+            if entry.worker == worker:
+                entry.worker = ""
+                released += 1
+        return released
+
+    def forget(self, user: str) -> SurfaceUser | None:
+        return self.users.pop(user, None)
+
+    def expire(self, now: float) -> list[str]:
+        """Forget users idle longer than ``ttl``; returns who went (their consumption goes with them)."""
+        horizon = now - self.ttl
+        gone = [user for user, entry in self.users.items() if entry.seen < horizon]
+        for user in gone:
+            del self.users[user]
+        return gone
+
+    def on(self, worker: str) -> Iterator[tuple[str, SurfaceUser]]:
+        """The users a worker holds."""
+        return ((user, entry) for user, entry in list(self.users.items()) if entry.worker == worker)
+
+
+class Worker(Protocol):
+    """What placement sees of a routable worker (``front.Upstream`` is one)."""
+
+    @property
+    def worker_id(self) -> str: ...
+
+
+# (user or None for a brand-new one, the surface, the group's routable workers in their stable order) → the
+# chosen worker's id
+PlaceFn = Callable[[str | None, Surface, Sequence[Worker]], str]
+
+
+def place(user: str | None, surface: Surface, routable: Sequence[Worker]) -> str:
+    """Where a user goes that the surface has no routable worker for: the reception, the group's first
+    routable worker (seed 000: every user is born there; the pool's admission policy replaces this)."""
+    if not routable:
+        raise ValueError("no routable worker to place a user on")
+    return routable[0].worker_id

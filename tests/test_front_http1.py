@@ -1,0 +1,242 @@
+"""The HTTP/1.1 rules of the proxy as tables (http1: pure), and the accounting and its metrics."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from elasticd.front import http1
+from elasticd.front.accounting import Accounting
+from elasticd.front.collector import FrontCollector
+from elasticd.front.http1 import CHUNK, EOF, LENGTH, NONE, read_request, read_response, upstream_head
+from elasticd.front.sticky import SurfaceUser
+
+USER = b"0123456789abcdef0123456789abcdef"
+
+
+def test_request_drops_hop_by_hop_and_our_own_headers() -> None:
+    incoming = [
+        (b"Host", b"shop.localhost:8080"), (b"Connection", b"keep-alive, X-Secret"), (b"X-Secret", b"1"),
+        (b"Keep-Alive", b"timeout=5"), (b"TE", b"trailers"), (b"Upgrade", b"h2c"),
+        (b"Proxy-Authorization", b"Basic eA=="), (b"Proxy-Connection", b"keep-alive"), (b"Trailer", b"X-Sum"),
+        (b"Expect", b"100-continue"), (b"Cookie", b"a=1"), (b"Cookie", b"b=2"), (b"X-Forwarded-For", b"10.0.0.1"),
+        (b"Content-Length", b"12"), (b"X-Elastic-User-Id", b"forged"), (b"x-elastic-user-id", b"forged too"),
+    ]
+    head = read_request(incoming, http11=True, upgrade=False)
+    sent = b"".join(upstream_head(b"POST", b"/a?b=%20c", head, b"127.0.0.1", USER))
+    assert sent == (
+        b"POST /a?b=%20c HTTP/1.1\r\nHost: shop.localhost:8080\r\nCookie: a=1\r\nCookie: b=2\r\n"
+        b"Content-Length: 12\r\nX-Forwarded-For: 10.0.0.1, 127.0.0.1\r\nX-Forwarded-Proto: http\r\n"
+        b"X-Forwarded-Host: shop.localhost:8080\r\nX-Elastic-User-Id: " + USER + b"\r\n\r\n")
+    assert (head.expect, head.keep_alive, head.cookie, head.has_body) == (True, True, b"a=1; b=2", True)
+
+
+@pytest.mark.parametrize(("incoming", "peer", "expected"), [
+    ([], b"127.0.0.1", b"X-Forwarded-For: 127.0.0.1\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Host: h\r\n"),
+    ([], None, b"X-Forwarded-Proto: http\r\nX-Forwarded-Host: h\r\n"),  # no peer (a Unix-socket listener)
+    ([(b"X-Forwarded-For", b"a"), (b"X-Forwarded-For", b"b")], b"c",
+     b"X-Forwarded-For: a, b, c\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Host: h\r\n"),
+    ([(b"X-Forwarded-Proto", b"https"), (b"X-Forwarded-Host", b"shop.example")], b"::1",
+     b"X-Forwarded-Proto: https\r\nX-Forwarded-Host: shop.example\r\nX-Forwarded-For: ::1\r\n"),
+])
+def test_forwarded_headers(incoming: list[tuple[bytes, bytes]], peer: bytes | None, expected: bytes) -> None:
+    head = read_request([(b"Host", b"h"), *incoming], http11=True, upgrade=False)
+    sent = b"".join(upstream_head(b"GET", b"/", head, peer, USER))
+    assert sent == b"GET / HTTP/1.1\r\nHost: h\r\n" + expected + b"X-Elastic-User-Id: " + USER + b"\r\n\r\n"
+
+
+@pytest.mark.parametrize(("headers", "http11", "keep_alive"), [
+    ([], True, True),
+    ([(b"Connection", b"close")], True, False),
+    ([(b"Connection", b"Keep-Alive, close")], True, False),
+    ([], False, False),
+    ([(b"Connection", b"keep-alive")], False, True),
+    ([(b"Connection", b"x"), (b"Connection", b"Keep-Alive")], False, True),
+])
+def test_request_keep_alive(headers: list[tuple[bytes, bytes]], http11: bool, keep_alive: bool) -> None:
+    assert read_request(headers, http11, upgrade=False).keep_alive is keep_alive
+
+
+@pytest.mark.parametrize(("headers", "upgrade", "expected"), [
+    # a real upgrade request: Upgrade and Connection: upgrade are sent on
+    ([(b"Upgrade", b"websocket"), (b"Connection", b"Upgrade")], True,
+     b"Connection: upgrade\r\nUpgrade: websocket\r\n"),
+    # Upgrade without Connection: upgrade is just a hop-by-hop header
+    ([(b"Upgrade", b"websocket")], False, b""),
+    # chunked bodies stay chunked (re-framed by us), other codings said as they were
+    ([(b"Transfer-Encoding", b"chunked")], False, b"Transfer-Encoding: chunked\r\n"),
+    ([(b"Transfer-Encoding", b"gzip, chunked")], False, b"Transfer-Encoding: gzip, chunked\r\n"),
+])
+def test_upgrade_and_chunked_requests(headers: list[tuple[bytes, bytes]], upgrade: bool, expected: bytes) -> None:
+    head = read_request([(b"Host", b"h"), (b"X-Forwarded-Proto", b"http"), (b"X-Forwarded-Host", b"h"), *headers],
+                        http11=True, upgrade=upgrade)
+    sent = b"".join(upstream_head(b"GET", b"/", head, None, USER))
+    assert sent.endswith(b"X-Elastic-User-Id: " + USER + b"\r\n" + expected + b"\r\n")
+
+
+@pytest.mark.parametrize(("proto", "secure"), [
+    (None, False), (b"http", False), (b"https", True), (b"HTTPS", True), (b"https, http", True),
+    (b"http, https", False),
+])
+def test_secure_per_forwarded_proto(proto: bytes | None, secure: bool) -> None:
+    headers = [(b"X-Forwarded-Proto", proto)] if proto is not None else []
+    assert read_request(headers, True, False).secure is secure
+
+
+def test_connection_naming_the_cookie_drops_it() -> None:
+    head = read_request([(b"Cookie", b"elastic_uid=x"), (b"Connection", b"cookie")], True, False)
+    assert head.cookie is None and head.lines == []
+
+
+RESPONSE = [(b"Content-Type", b"text/plain"), (b"Content-Length", b"5"), (b"Set-Cookie", b"a=1"),
+            (b"Set-Cookie", b"b=2")]
+
+
+@pytest.mark.parametrize(("status", "headers", "options", "framing", "close", "reusable", "tail"), [
+    # plain answers keep their length and repeated headers
+    (200, RESPONSE, {}, LENGTH, False, True, b""),
+    # hop-by-hop dropped, also what Connection names; X-Elastic-Login stripped (and read)
+    (200, [*RESPONSE, (b"Connection", b"close, X-Hop"), (b"X-Hop", b"x"), (b"Keep-Alive", b"timeout=5"),
+           (b"Proxy-Authenticate", b"Basic"), (b"Trailer", b"x"), (b"X-Elastic-Login", b" alice ")],
+     {}, LENGTH, False, False, b""),
+    # a chunked answer is re-chunked for HTTP/1.1, delimited by closing for HTTP/1.0
+    (200, [(b"Transfer-Encoding", b"chunked")], {}, CHUNK, False, True, b"Transfer-Encoding: chunked\r\n"),
+    (200, [(b"Transfer-Encoding", b"chunked")], {"client11": False, "client_keep_alive": True}, EOF, True, True,
+     b"Connection: close\r\n"),
+    # an answer the worker ends by closing: chunked toward the client, and the worker's connection not reused
+    (200, [], {}, CHUNK, False, False, b"Transfer-Encoding: chunked\r\n"),
+    # bodiless answers: nothing added, the length kept as said
+    (204, [], {}, NONE, False, True, b""),
+    (304, [(b"Content-Length", b"5")], {}, NONE, False, True, b""),
+    (200, RESPONSE, {"head_request": True}, NONE, False, True, b""),
+    # the client said close, or is HTTP/1.0 with keep-alive
+    (200, RESPONSE, {"client_keep_alive": False}, LENGTH, True, True, b"Connection: close\r\n"),
+    (200, RESPONSE, {"client11": False, "client_keep_alive": True}, LENGTH, False, True,
+     b"Connection: keep-alive\r\n"),
+    # a new user's cookie
+    (200, RESPONSE, {"extra": b"Set-Cookie: elastic_uid=x\r\n"}, LENGTH, False, True,
+     b"Set-Cookie: elastic_uid=x\r\n"),
+])
+def test_response_heads(status: int, headers: list[tuple[bytes, bytes]], options: dict, framing: int, close: bool,
+                        reusable: bool, tail: bytes) -> None:
+    settings = {"head_request": False, "client11": True, "client_keep_alive": True, **options}
+    answer = read_response(status, None, headers, True, **settings)
+    assert (answer.framing, answer.close, answer.reusable) == (framing, close, reusable)
+    kept = b"".join(b"%s: %s\r\n" % (n, v) for n, v in headers
+                    if n.lower() in (b"content-type", b"content-length", b"set-cookie"))
+    assert answer.head == http1.status_line(status, None) + kept + tail + b"\r\n"
+
+
+@pytest.mark.parametrize(("value", "login"), [(b"alice", b"alice"), (b"  bob ", b"bob"), (b"-", b"-")])
+def test_login_header_is_read_and_stripped(value: bytes, login: bytes) -> None:
+    answer = read_response(200, b"OK", [(b"X-Elastic-Login", value), (b"Content-Length", b"0")], True,
+                           head_request=False, client11=True, client_keep_alive=True)
+    assert answer.login == login
+    assert b"elastic-login" not in answer.head.lower()
+    assert read_response(200, b"OK", [], True, head_request=True, client11=True, client_keep_alive=True).login is None
+
+
+def test_switching_protocols_crosses_whole() -> None:
+    answer = read_response(101, b"Switching Protocols",
+                           [(b"Upgrade", b"websocket"), (b"Connection", b"Upgrade"),
+                            (b"Sec-WebSocket-Accept", b"abc")], True, head_request=False, client11=True,
+                           client_keep_alive=True)
+    assert answer.head == (b"HTTP/1.1 101 Switching Protocols\r\nSec-WebSocket-Accept: abc\r\n"
+                           b"Connection: upgrade\r\nUpgrade: websocket\r\n\r\n")
+    assert (answer.framing, answer.reusable, answer.upstream_eof) == (EOF, False, True)
+
+
+@pytest.mark.parametrize(("upstream11", "headers", "reusable"), [
+    (True, [(b"Content-Length", b"0")], True),
+    (True, [(b"Content-Length", b"0"), (b"Connection", b"close")], False),
+    (False, [(b"Content-Length", b"0")], False),
+    (False, [(b"Content-Length", b"0"), (b"Connection", b"keep-alive")], True),
+])
+def test_worker_connection_reuse(upstream11: bool, headers: list[tuple[bytes, bytes]], reusable: bool) -> None:
+    answer = read_response(200, b"OK", headers, upstream11, head_request=False, client11=True,
+                           client_keep_alive=True)
+    assert answer.reusable is reusable
+
+
+@pytest.mark.parametrize(("status", "kwargs", "expected"), [
+    (404, {}, b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 5\r\n\r\nnope\n"),
+    (429, {"retry_after": 1}, b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                              b"Content-Length: 5\r\nRetry-After: 1\r\n\r\nnope\n"),
+    (431, {"close": True}, b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; "
+                           b"charset=utf-8\r\nContent-Length: 5\r\nConnection: close\r\n\r\nnope\n"),
+    (503, {"head_request": True, "retry_after": 2},
+     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 5\r\n"
+     b"Retry-After: 2\r\n\r\n"),
+])
+def test_own_answers(status: int, kwargs: dict, expected: bytes) -> None:
+    assert http1.plain(status, "nope", **kwargs) == expected
+
+
+def test_chunk_and_status_lines() -> None:
+    assert b"".join(http1.chunk(b"x" * 26)) == b"1a\r\n" + b"x" * 26 + b"\r\n"
+    assert http1.status_line(200, b"Fine") == b"HTTP/1.1 200 Fine\r\n"
+    assert http1.status_line(200, None) == b"HTTP/1.1 200 OK\r\n"
+    assert http1.status_line(599, b"") == b"HTTP/1.1 599 Unknown\r\n"
+
+
+# ------------------------------------------------------------------------------------------ accounting
+
+
+class Req:
+    __slots__ = ("ts", "user", "worker")
+
+    def __init__(self, user: str | None, worker: str | None, ts: float) -> None:
+        self.user, self.worker, self.ts = user, worker, ts
+
+
+def test_forward_accounting() -> None:
+    acct = Accounting()
+    alice = SurfaceUser("w1", 0.0)
+    w1, w2 = acct.worker("w1"), acct.worker("w2")
+    shop = acct.route("acme", "shop")
+    a, b, c = Req("alice", "w1", 1.0), Req("bob", "w2", 2.0), Req("alice", "w1", 3.0)
+    ra, rb, rc = acct.opened(a), acct.opened(b), acct.opened(c)
+    assert len({ra, rb, rc}) == 3
+    assert acct.open_of("alice") == [a, c] and acct.open_by_worker() == {"w1": 2, "w2": 1}
+    acct.closed(ra, 200, 0.004, w1, shop, alice)
+    acct.closed(rb, 502, 0.3, w2, shop, None)
+    assert acct.open_of("alice") == [c]
+    acct.closed(acct.opened(Req("alice", "w1", 4.0)), 200, 0.004, w1, shop, alice)
+    assert (w1.requests, w1.errors, w1.seconds) == (2, 0, pytest.approx(0.008))
+    assert (w2.requests, w2.errors, w2.seconds) == (1, 1, pytest.approx(0.3))
+    assert (alice.requests, alice.seconds) == (2, pytest.approx(0.008))
+    assert shop.codes == {200: 2, 502: 1} and shop.count == 3 and shop.sum == pytest.approx(0.308)
+    assert shop.buckets[0] == 2 and shop.buckets[7] == 1  # ≤ 5 ms twice, 0.3 s in the ≤ 0.5 s bucket
+    acct.refused("acme", "rate")
+    acct.refused("acme", "rate")
+    assert acct.rejections == {("acme", "rate"): 2}
+    assert acct.sweep(horizon=2.5) == []  # c (ts 3.0) is younger
+    assert acct.sweep(horizon=10.0) == [rc] and acct.open == {}
+
+
+def test_collector_exposes_the_three_families() -> None:
+    acct = Accounting()
+    shop = acct.route("acme", "shop")
+    counters = acct.worker("w1")
+    for seconds in (0.001, 0.02, 3.0):
+        acct.closed(acct.opened(Req(None, "w1", 0.0)), 200, seconds, counters, shop, None)
+    shop.answered(429)
+    acct.refused("acme", "rate")
+    registry = CollectorRegistry()
+    registry.register(FrontCollector(acct, lambda: ["acme", "globex"]))
+    text = generate_latest(registry).decode()
+    for line in (
+        'elasticd_requests_total{app="shop",code="200",tenant="acme"} 3.0',
+        'elasticd_requests_total{app="shop",code="429",tenant="acme"} 1.0',
+        'elasticd_request_duration_seconds_bucket{app="shop",le="0.005",tenant="acme"} 1.0',
+        'elasticd_request_duration_seconds_bucket{app="shop",le="0.025",tenant="acme"} 2.0',
+        'elasticd_request_duration_seconds_bucket{app="shop",le="2.5",tenant="acme"} 2.0',
+        'elasticd_request_duration_seconds_bucket{app="shop",le="+Inf",tenant="acme"} 3.0',
+        'elasticd_request_duration_seconds_count{app="shop",tenant="acme"} 3.0',
+        'elasticd_quota_rejections_total{reason="rate",tenant="acme"} 1.0',
+        'elasticd_quota_rejections_total{reason="concurrency",tenant="acme"} 0.0',
+        'elasticd_quota_rejections_total{reason="concurrency",tenant="globex"} 0.0',
+    ):
+        assert line in text, line
+    assert "# TYPE elasticd_request_duration_seconds histogram" in text
+    assert "# TYPE elasticd_requests_total counter" in text
