@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,8 @@ from elasticd.accounting.sampler import Sampler
 from elasticd.accounting.usage import measure
 from elasticd.api.server import AdminApi, SocketInUse
 from elasticd.cgroup import CgroupTree, Decision, decide, probe
-from elasticd.config import Config, ConfigError, Resources, load_config
-from elasticd.front.relay import AiohttpRelay, Upstream
-from elasticd.front.routing import RouteTable
-from elasticd.front.server import Front
+from elasticd.config import Config, ConfigError, Quotas, Resources, load_config
+from elasticd.front import Front, RouteTable, Upstream
 from elasticd.metrics import MetricsServer
 from elasticd.overrides import effective
 from elasticd.runtime_limits import LimitsReply, RuntimeLimits
@@ -57,7 +56,6 @@ class ReloadResult:
 
 class Daemon:
     __slots__ = (
-        "_background",
         "_reload_lock",
         "_signals",
         "_stopping",
@@ -71,7 +69,6 @@ class Daemon:
         "limits",
         "metrics",
         "notifier",
-        "relay",
         "sampler",
         "started_at",
         "supervisor",
@@ -89,19 +86,18 @@ class Daemon:
         self.supervisor = Supervisor(server.runtime_dir, self._leaf_for, stop_timeout=server.stop_timeout,
                                      occupancy_interval=server.occupancy_interval)
         self.supervisor.on_worker_state = self._on_worker_state
-        self.relay = AiohttpRelay(server.request_timeout)
-        self.front = Front(server.listen, RouteTable.from_config(config), self._upstreams, self.relay,
-                           grace=server.stop_timeout)
+        self.front = Front(server.listen, RouteTable.from_config(config), self._upstreams,
+                           quotas=_quotas(config), request_timeout=server.request_timeout, user_ttl=server.user_ttl)
         self.limits = RuntimeLimits(lambda: self.config, config_path, self._write_tenant_limits, self.reload)
         self.sampler = Sampler()
-        self.metrics = MetricsServer(server.metrics_listen, self.sampler, self._limits_in_force)
+        self.metrics = MetricsServer(server.metrics_listen, self.sampler, self._limits_in_force,
+                                     extra_collectors=[self.front.collector()])
         self.api = AdminApi(self, server.admin_socket, server.admin_group)
         self.started_at = time.time()
         self.last_reload: ReloadResult | None = None
         self._reload_lock = asyncio.Lock()
         self._signals: asyncio.Queue[str] = asyncio.Queue()
         self._stopping = False
-        self._background: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ wiring for the parts
 
@@ -128,9 +124,7 @@ class Daemon:
         self.notifier.status(self.supervisor.summary())
         if worker.state in _GONE_STATES:
             # The pooled connections point at a process that is gone; a restarted one gets fresh ones.
-            task = asyncio.get_running_loop().create_task(self.relay.close_upstream(worker.id))
-            self._background.add(task)  # the loop keeps only weak references to tasks
-            task.add_done_callback(self._background.discard)
+            self.front.close_upstream(worker.id)
 
     # ------------------------------------------------------------------ cgroups
 
@@ -229,6 +223,8 @@ class Daemon:
         problems = self._write_cgroups(config)
         # Routes first: a removed app stops receiving traffic before its workers are stopped.
         self.front.set_routes(RouteTable.from_config(config))
+        self.front.set_quotas(_quotas(config))
+        self.front.configure(request_timeout=config.server.request_timeout, user_ttl=config.server.user_ttl)
         result = await self.supervisor.apply(config)
         problems.extend(result.problems)
         if previous is not None:
@@ -357,7 +353,7 @@ class Daemon:
         self.notifier.stopping()
         log.info("stopping")
         await self.notifier.stop_watchdog()
-        await self.front.stop()
+        await self.front.stop(self.config.server.stop_timeout)
         await self.supervisor.stop_all()
         if self.tree is not None:
             await asyncio.gather(*(self._drain_leaf(t.name, a.name) for t, a in self.config.apps()))
@@ -365,6 +361,10 @@ class Daemon:
         await self.metrics.stop()
         self.sampler.close()
         log.info("stopped")
+
+
+def _quotas(config: Config) -> dict[str, Quotas]:
+    return {tenant.name: tenant.quotas for tenant in config.tenants.values()}
 
 
 def _restart_only_changes(old: Config, new: Config) -> list[str]:
@@ -408,7 +408,20 @@ def main(argv: list[str] | None = None) -> int:
         log.error("invalid configuration %s:\n%s", args.config, exc)
         return 1
     path = str(Path(args.config).resolve())
-    return asyncio.run(Daemon(config, path).run())
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(Daemon(config, path).run())
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when it is there: the front's relay costs about a tenth less CPU per request on it (see
+    benchmarks/front_bench.py). ELASTICD_LOOP=asyncio keeps the standard loop."""
+    if os.environ.get("ELASTICD_LOOP") == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 if __name__ == "__main__":
