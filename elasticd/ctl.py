@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -202,6 +203,47 @@ def _high_parser(sub: Any) -> None:
     high.set_defaults(run=_high)
 
 
+def render_pool(data: dict[str, Any]) -> str:
+    out = []
+    for name, group in data["groups"].items():
+        t = group["thresholds"]
+        book = group["ledger"]
+        out.append(f"{data['tenant']}/{data['app']} group {name}: {len(group['workers'])} workers "
+                   f"(min {t['min_workers']}, max {t['max_workers'] or 'unbounded'}); thresholds reception "
+                   f"{t['reception']:g}, admission {t['admission']:g}, margin {t['compaction_margin']:g}")
+        out.append(f"ledger: C={book['C']:.2f} O={book['O']:.2f} H={book['H']:.2f} "
+                   f"(compacts while H > {book['trigger']:.2f})")
+        rows = []
+        for w in group["workers"]:
+            role = "reception" if w["reception"] else "draining" if w["draining"] else \
+                "spawning" if w["spawning"] else ""
+            parts = " ".join(f"{k}={v:.2f}" for k, v in sorted(w["components"].items()))
+            rps = f"{w['rates']['rps']:.1f}" if w["rates"] else "-"
+            rows.append([w["id"], str(w["pid"] or "-"), w["state"], role, f"{w['occupancy']:.2f}", parts or "-",
+                         rps, str(len(w["users"])), "channel" if w["announced"] else "sensed"])
+        out.append(table(["WORKER", "PID", "STATE", "ROLE", "OCC", "COMPONENTS", "RPS", "USERS", "SENSOR"], rows))
+        if group["decisions"]:
+            out.append("last decisions:")
+            for d in group["decisions"][-10:]:
+                when = time.strftime("%H:%M:%S", time.localtime(d["at"]))
+                out.append(f"  {when} {d['decision']:<10} {d['worker'] or '-':<24} {d['reason']}")
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+async def _pool(client: AdminClient, args: argparse.Namespace) -> int:
+    tenant, _, app = args.target.partition("/")
+    if not tenant or not app:
+        print("pool: name the app as TENANT/APP", file=sys.stderr)
+        return 2
+    code, data = await client.request("GET", f"/v1/apps/{tenant}/{app}/pool")
+    if code != 200:
+        print(f"pool: {data.get('error') or f'HTTP {code}'}", file=sys.stderr)
+        return 1
+    print(json.dumps(data, indent=2) if args.json else render_pool(data))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elasticctl", description="Control a running elasticd.")
     p.add_argument("--socket", default=os.environ.get("ELASTIC_ADMIN_SOCKET", DEFAULT_SOCKET),
@@ -215,6 +257,10 @@ def parser() -> argparse.ArgumentParser:
     reload.set_defaults(run=_reload)
     _limit_parser(sub)
     _high_parser(sub)
+    pool = sub.add_parser("pool", help="an app's elastic pool: workers, occupancy, the ledger, last decisions")
+    pool.add_argument("target", metavar="TENANT/APP")
+    pool.add_argument("--json", action="store_true")
+    pool.set_defaults(run=_pool)
     return p
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import logging
 import os
 import signal
@@ -29,6 +30,10 @@ from elasticd.config import Config, ConfigError, Quotas, Resources, load_config
 from elasticd.front import Front, RouteTable, Upstream
 from elasticd.metrics import MetricsServer
 from elasticd.overrides import effective
+from elasticd.pool.channel import ChannelServer
+from elasticd.pool.collector import PoolCollector
+from elasticd.pool.manager import PoolManager
+from elasticd.pool.sensing import in_process_tree
 from elasticd.runtime_limits import LimitsReply, RuntimeLimits
 from elasticd.supervisor.supervisor import Supervisor
 from elasticd.supervisor.worker import Worker
@@ -62,6 +67,7 @@ class Daemon:
         "api",
         "cgroup_base",
         "cgroup_decision",
+        "channel",
         "config",
         "config_path",
         "front",
@@ -69,6 +75,7 @@ class Daemon:
         "limits",
         "metrics",
         "notifier",
+        "pool",
         "sampler",
         "started_at",
         "supervisor",
@@ -89,9 +96,14 @@ class Daemon:
         self.front = Front(server.listen, RouteTable.from_config(config), self._upstreams,
                            quotas=_quotas(config), request_timeout=server.request_timeout, user_ttl=server.user_ttl)
         self.limits = RuntimeLimits(lambda: self.config, config_path, self._write_tenant_limits, self.reload)
+        self.pool = PoolManager(self.supervisor, self.front.surface, self.front.accounting,
+                                interval=server.occupancy_interval)
+        self.front.on_login = self.pool.on_login
+        self.channel = ChannelServer(os.path.join(server.runtime_dir, "channel.sock"), self._authenticate,
+                                     self.pool.on_report)
         self.sampler = Sampler()
         self.metrics = MetricsServer(server.metrics_listen, self.sampler, self._limits_in_force,
-                                     extra_collectors=[self.front.collector()])
+                                     extra_collectors=[self.front.collector(), PoolCollector(self.pool)])
         self.api = AdminApi(self, server.admin_socket, server.admin_group)
         self.started_at = time.time()
         self.last_reload: ReloadResult | None = None
@@ -118,13 +130,28 @@ class Daemon:
         return targets
 
     def _upstreams(self, tenant: str, app: str, group: str) -> list[Upstream]:
-        return [Upstream(w.id, w.socket_path) for w in self.supervisor.routable(tenant, app, group)]
+        draining = self.pool.draining  # being compacted away: no new requests
+        return [Upstream(w.id, w.socket_path) for w in self.supervisor.routable(tenant, app, group)
+                if w.id not in draining]
+
+    def _authenticate(self, worker_id: str, token: str, pid: int) -> str | None:
+        """A channel peer is the worker it claims only with that worker's token and from its process tree."""
+        worker = self.supervisor.find(worker_id)
+        if worker is None:
+            return f"no worker {worker_id} runs here"
+        if not worker.token or not hmac.compare_digest(token.encode(), worker.token.encode()):
+            return f"wrong token for worker {worker_id}"
+        if worker.pid is None or not in_process_tree(pid, worker.pid):
+            return f"pid {pid} is not in the process tree of worker {worker_id}"
+        return None
 
     def _on_worker_state(self, worker: Worker) -> None:
         self.notifier.status(self.supervisor.summary())
         if worker.state in _GONE_STATES:
-            # The pooled connections point at a process that is gone; a restarted one gets fresh ones.
+            # The pooled connections point at a process that is gone; a restarted one gets fresh ones, and
+            # a fresh window: its readings described another process.
             self.front.close_upstream(worker.id)
+            self.pool.forget_worker(worker.id)
 
     # ------------------------------------------------------------------ cgroups
 
@@ -225,6 +252,7 @@ class Daemon:
         self.front.set_routes(RouteTable.from_config(config))
         self.front.set_quotas(_quotas(config))
         self.front.configure(request_timeout=config.server.request_timeout, user_ttl=config.server.user_ttl)
+        self.pool.apply(config)
         result = await self.supervisor.apply(config)
         problems.extend(result.problems)
         if previous is not None:
@@ -260,6 +288,20 @@ class Daemon:
 
     async def set_limits(self, tenant: str, body: Any) -> LimitsReply:
         return await self.limits.set(tenant, body)
+
+    def pool_state(self, tenant: str, app: str) -> dict[str, Any]:
+        """GET /v1/apps/{tenant}/{app}/pool; LookupError for an app that is not configured."""
+        configured = self.config.tenants.get(tenant)
+        if configured is None or app not in configured.apps:
+            raise LookupError(f"no app {tenant}/{app} in the running configuration")
+        surface = self.front.surface
+
+        def users_of(worker_id: str) -> list[dict[str, Any]]:
+            # The id is a session secret: the admin API shows a prefix that is enough to tell users apart.
+            return [{"user": user[:8], "login": rec.login, "requests": rec.requests,
+                     "seconds": round(rec.seconds, 3)} for user, rec in surface.on(worker_id)]
+
+        return self.pool.describe(tenant, app, users_of)
 
     async def usage(self, interval_ms: int, apps: bool) -> dict[str, Any]:
         """Two reads of the tenant groups, ``interval_ms`` apart (GET /v1/tenants/usage)."""
@@ -320,6 +362,7 @@ class Daemon:
             await self.api.start()
             await self.front.start()
             await self.metrics.start()
+            await self.channel.start()
         except (StartupRefused, SocketInUse, ValueError, OSError) as exc:
             log.error("refusing to start: %s", exc)
             self.notifier.send(f"STATUS=refusing to start: {exc}")
@@ -330,6 +373,7 @@ class Daemon:
             loop.add_signal_handler(signum, self._signals.put_nowait, signum.name)
         await self._activate(self.config, None)
         sampling = asyncio.create_task(self.sampler.run(self.config.server.sample_interval), name="sampler")
+        sensing = asyncio.create_task(self.pool.run(), name="pool sensing")
         self.notifier.ready(self.supervisor.summary())
         self.notifier.start_watchdog()
         log.info("elasticd %s ready: front on %s, %s", __version__, self.config.server.listen,
@@ -338,6 +382,7 @@ class Daemon:
             name = await self._signals.get()
             await getattr(self, f"_on_{name.lower()}")()
         sampling.cancel()
+        sensing.cancel()
         await self._shutdown()
         return 0
 
@@ -358,6 +403,7 @@ class Daemon:
         if self.tree is not None:
             await asyncio.gather(*(self._drain_leaf(t.name, a.name) for t, a in self.config.apps()))
         await self.api.stop()
+        await self.channel.stop()
         await self.metrics.stop()
         self.sampler.close()
         log.info("stopped")

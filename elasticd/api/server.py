@@ -38,6 +38,7 @@ class Control(Protocol):
     async def reload(self) -> ReloadOutcome: ...
     async def set_limits(self, tenant: str, body: Any) -> LimitsOutcome: ...
     async def usage(self, interval_ms: int, apps: bool) -> dict[str, Any]: ...
+    def pool_state(self, tenant: str, app: str) -> dict[str, Any]: ...
 
 
 class SocketInUse(RuntimeError):
@@ -60,6 +61,7 @@ class AdminApi:
         app.router.add_get("/v1/tenants", self._tenants)
         app.router.add_get("/v1/tenants/usage", self._usage)
         app.router.add_post("/v1/tenants/{tenant}/limits", self._set_limits)
+        app.router.add_get("/v1/apps/{tenant}/{app}/pool", self._pool)
         return app
 
     async def start(self) -> None:
@@ -106,6 +108,13 @@ class AdminApi:
             return web.json_response(await self._control.usage(interval_ms, apps))
         except LookupError as exc:
             return web.json_response({"error": str(exc)}, status=409)
+
+    async def _pool(self, request: web.Request) -> web.Response:
+        try:
+            return web.json_response(self._control.pool_state(request.match_info["tenant"],
+                                                              request.match_info["app"]))
+        except LookupError as exc:
+            return web.json_response({"error": str(exc)}, status=404)
 
     async def _set_limits(self, request: web.Request) -> web.Response:
         try:

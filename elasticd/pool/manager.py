@@ -95,6 +95,7 @@ class PoolManager:
         "_surface",
         "_tasks",
         "_wall",
+        "draining",
         "interval",
     )
 
@@ -111,6 +112,7 @@ class PoolManager:
         self._announced: set[str] = set()
         self._last_report: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self.draining: set[str] = set()  # every group's, for the front's hot path (no new requests to these)
 
     # ------------------------------------------------------------------ config
 
@@ -149,6 +151,9 @@ class PoolManager:
         for key, entry in self._groups.items():
             for worker in self._supervisor.workers_of(key):
                 yield key, worker.id, self._occupancy(entry, worker.id)
+
+    def groups(self) -> list[GroupKey]:
+        return list(self._groups)
 
     def decision_counts(self) -> dict[str, int]:
         total: dict[str, int] = {}
@@ -230,6 +235,7 @@ class PoolManager:
         for user, target in plan.moves.items():
             self._surface.assign(user, target, now)
         entry.draining.add(plan.retire)
+        self.draining.add(plan.retire)
         log.info("pool %s: compaction: draining %s (%d users moved)", "/".join(key), plan.retire, len(plan.moves))
         self._spawn(self._retire(key, entry, plan.retire))
 
@@ -257,6 +263,7 @@ class PoolManager:
         self._record(entry, Decision("retire", worker_id, "drained: no request open on it", {}))
         await self._supervisor.retire(worker_id)
         entry.draining.discard(worker_id)
+        self.draining.discard(worker_id)
         self.forget_worker(worker_id)
 
     # ------------------------------------------------------------------ the sensing tick

@@ -1,0 +1,152 @@
+"""The elastic pool through the real daemon and real demo workers: load grows a group to max_workers,
+logins over the reception's threshold are passed on, the pool compacts back when the load stops with every
+user still served, a sensor-less group scales too, and forged channel peers are refused."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+TENANTS = """\
+tenants:
+  acme:
+    apps:
+      shop:
+        domains: [shop.localhost]
+        root: {root}
+        groups:
+          green:
+            command: ["{{python}}", "-m", "elasticd.demo"]
+            env: {{DEMO_SENSORLESS: "{sensorless}"}}
+            concurrency: 4
+            pool: {{min_workers: 1, max_workers: {max_workers}, reception_threshold: 0.5,
+                    admission_threshold: 0.8, compaction_margin: 1.5}}
+"""
+SERVER = "  occupancy_interval: 200ms\n"
+
+
+def _request(d, path: str, cookie: str | None = None) -> tuple[int, str, str | None]:
+    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=30)
+    try:
+        headers = {"Host": "shop.localhost", **({"Cookie": f"elastic_uid={cookie}"} if cookie else {})}
+        conn.request("GET", path, headers=headers)
+        response = conn.getresponse()
+        body = response.read().decode()
+        set_cookie = response.getheader("Set-Cookie")
+        uid = set_cookie.split("elastic_uid=")[1].split(";")[0] if set_cookie else None
+        return response.status, body, uid
+    finally:
+        conn.close()
+
+
+def _pool(d) -> dict:
+    result = d.ctl("pool", "acme/shop", "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)["groups"]["green"]
+
+
+def _wait(d, predicate, timeout: float, what: str) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        group = _pool(d)
+        if predicate(group):
+            return group
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout}s; pool: {json.dumps(group)[:3000]}")
+        time.sleep(0.2)
+
+
+def _running(group) -> int:
+    return sum(1 for w in group["workers"] if w["state"] == "running")
+
+
+class Users:
+    """Logged-in users burning CPU on whatever worker the front sends them to, logging in again now and then
+    (each login asks the pool's placement again)."""
+
+    def __init__(self, d, n: int) -> None:
+        self.d = d
+        self.stop = threading.Event()
+        self.cookies: list[str] = []
+        for i in range(n):
+            code, _, uid = _request(d, "/")
+            assert code == 200 and uid
+            self.cookies.append(uid)
+            assert _request(d, f"/login?name=u{i}", uid)[0] == 200
+        self.threads = [threading.Thread(target=self._burn, args=(i,), daemon=True) for i in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _burn(self, i: int) -> None:
+        deadline = time.monotonic() + 60
+        rounds = 0
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            _request(self.d, "/cpu?ms=80", self.cookies[i])
+            rounds += 1
+            if rounds % 8 == 0:
+                _request(self.d, f"/login?name=u{i}", self.cookies[i])
+
+    def halt(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+
+
+@pytest.mark.parametrize("sensorless", ["0", "1"], ids=["library", "sensorless"])
+def test_load_grows_the_pool_and_it_compacts_back(daemons, tmp_path, sensorless):
+    d = daemons(TENANTS.format(root=tmp_path, sensorless=sensorless, max_workers=3), extra_server=SERVER)
+    d.start()
+    assert _running(_pool(d)) == 1
+    users = Users(d, 6)
+    try:
+        grown = _wait(d, lambda g: _running(g) == 3, 40, "grow to max_workers")
+        kinds = [x["decision"] for x in grown["decisions"]]
+        assert kinds.count("scale-up") >= 2
+        if sensorless == "0":
+            assert all(w["announced"] for w in grown["workers"] if w["state"] == "running")
+            assert "pass" in kinds  # logins over the reception's threshold went to other workers
+            assert any(x["decision"] in ("admit", "fallback") for x in grown["decisions"])
+        else:
+            assert not any(w["announced"] for w in grown["workers"])
+        time.sleep(1.0)
+        assert len(_pool(d)["workers"]) <= 3  # max_workers holds
+    finally:
+        users.halt()
+    shrunk = _wait(d, lambda g: len(g["workers"]) == 1, 40, "compact back to min_workers")
+    kinds = [x["decision"] for x in shrunk["decisions"]]
+    assert kinds.count("compaction") >= 2 and kinds.count("retire") >= 2
+    compaction = next(x for x in shrunk["decisions"] if x["decision"] == "compaction")
+    assert {"C", "O", "H", "trigger"} <= set(compaction["numbers"])
+    for cookie in users.cookies:  # every user still served after its worker was compacted away
+        code, body, _ = _request(d, "/", cookie)
+        assert code == 200 and "worker acme.shop.green." in body
+
+
+def test_forged_channel_peers_are_refused(daemons, tmp_path):
+    d = daemons(TENANTS.format(root=tmp_path, sensorless="0", max_workers=2), extra_server=SERVER)
+    d.start()
+    [worker] = [w for w in _pool(d)["workers"]]
+    environ = Path(f"/proc/{worker['pid']}/environ").read_bytes().split(b"\0")
+    env = dict(item.decode().split("=", 1) for item in environ if b"=" in item)
+    channel = env["ELASTIC_CHANNEL"].removeprefix("unix:")
+
+    def announce(worker_id: str, token: str) -> dict:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(channel)
+            s.sendall(json.dumps({"type": "announce", "worker": worker_id, "token": token}).encode() + b"\n")
+            return json.loads(s.makefile().readline())
+
+    # The right token, from a process outside the worker's tree: a report for another worker is refused.
+    stolen = announce(worker["id"], env["ELASTIC_TOKEN"])
+    assert stolen["type"] == "error" and "not in the process tree" in stolen["reason"]
+    wrong = announce(worker["id"], "0" * 32)
+    assert wrong["type"] == "error" and "wrong token" in wrong["reason"]
+    assert "refused a peer" in d.log_text()
+    assert _pool(d)["workers"][0]["state"] == "running"  # the daemon and the worker go on
