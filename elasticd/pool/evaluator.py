@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import islice
 
 from elasticd.pool.report import Report
 
@@ -67,7 +68,7 @@ def row_components(row: Row, memory_limit: int | None) -> dict[str, float]:
 
 def components_of(rows: Sequence[Row], memory_limit: int | None, smoothing: int = SMOOTHING_ROWS) -> dict[str, float]:
     """Each component averaged over the last ``smoothing`` rows that carry it."""
-    recent = list(rows)[-smoothing:]
+    recent = islice(reversed(rows), smoothing)  # no copy of the whole window
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     for row in recent:

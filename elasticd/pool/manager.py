@@ -71,12 +71,16 @@ class _Accounting(Protocol):
 
 
 class _Group:
-    __slots__ = ("concurrency", "draining", "journal", "pool", "sensors", "spawning", "user_seconds", "windows")
+    __slots__ = ("concurrency", "draining", "journal", "occupancy", "pool", "sensors", "spawning", "user_seconds",
+                 "windows")
 
     def __init__(self, pool: Pool, concurrency: int) -> None:
         self.pool = pool
         self.concurrency = concurrency
         self.windows: dict[str, Window] = {}
+        # Evaluated when a report is archived (the only time it can change), so placement on the request path
+        # reads N numbers instead of re-averaging N windows.
+        self.occupancy: dict[str, float] = {}
         self.sensors: dict[str, TreeSensor] = {}
         self.spawning: set[str] = set()
         self.draining: set[str] = set()
@@ -128,6 +132,8 @@ class PoolManager:
                 self._groups[key] = _Group(group.pool, group.concurrency)
             else:
                 entry.pool, entry.concurrency = group.pool, group.concurrency
+                # memory_limit may have changed: every cached occupancy is re-read from its window.
+                entry.occupancy = {wid: occupancy(w.rows, group.pool.memory_limit) for wid, w in entry.windows.items()}
 
     # ------------------------------------------------------------------ views
 
@@ -140,9 +146,9 @@ class PoolManager:
         """What the front may send requests to: routable and not being drained, the reception first."""
         return [w.id for w in self._routable(key)]
 
-    def _occupancy(self, entry: _Group, worker_id: str) -> float:
-        window = entry.windows.get(worker_id)
-        return occupancy(window.rows, entry.pool.memory_limit) if window else 0.0
+    @staticmethod
+    def _occupancy(entry: _Group, worker_id: str) -> float:
+        return entry.occupancy.get(worker_id, 0.0)
 
     def _views(self, key: GroupKey, entry: _Group) -> list[WorkerView]:
         return [WorkerView(w.id, self._occupancy(entry, w.id)) for w in self._routable(key)]
@@ -192,7 +198,9 @@ class PoolManager:
         key, entry = found
         counters = self._accounting.worker(worker_id)
         forward = Forward(counters.requests, counters.errors, counters.seconds)
-        entry.windows.setdefault(worker_id, Window()).add(Row(now, report, forward))
+        window = entry.windows.setdefault(worker_id, Window())
+        window.add(Row(now, report, forward))
+        entry.occupancy[worker_id] = occupancy(window.rows, entry.pool.memory_limit)
         views = self._views(key, entry)
         self._check_capacity(key, entry, views)
         self._check_ledger(key, entry, views)
@@ -202,6 +210,7 @@ class PoolManager:
         self._last_report.pop(worker_id, None)
         for entry in self._groups.values():
             entry.windows.pop(worker_id, None)
+            entry.occupancy.pop(worker_id, None)
             entry.sensors.pop(worker_id, None)
             entry.spawning.discard(worker_id)
 

@@ -1,0 +1,167 @@
+"""The elastic pool's costs, run on demand (not a test): ``.venv/bin/python benchmarks/pool_bench.py``.
+
+1. a placement + admission decision for a 16-worker group with full windows (goal: under 50 µs);
+2. archiving and evaluating one report (the ledger and scale-up checks included);
+3. the reaction time from a load step to a new routable worker, with a real daemon and real demo workers
+   (goal: one occupancy_interval plus the worker's own start time).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from elasticd.config import Pool  # noqa: E402
+from elasticd.pool.evaluator import METRICS_WINDOW  # noqa: E402
+from elasticd.pool.manager import PoolManager  # noqa: E402
+from elasticd.pool.report import Executor, Report  # noqa: E402
+
+KEY = ("acme", "shop", "green")
+
+
+class _Worker:
+    def __init__(self, n: int) -> None:
+        self.id = f"acme.shop.green.{n}"
+        self.pid = 1000 + n
+        self.routable = True
+        self.state = "running"
+
+
+class _Supervisor:
+    def __init__(self, n: int) -> None:
+        self.workers = [_Worker(i) for i in range(1, n + 1)]
+
+    def workers_of(self, key: Any) -> list[_Worker]:
+        return self.workers
+
+    def add_worker(self, key: Any) -> _Worker:
+        raise AssertionError("the benchmark's group must not grow")
+
+
+class _Counters:
+    requests = 100
+    errors = 0
+    seconds = 1.0
+
+
+class _Accounting:
+    def worker(self, worker_id: str) -> _Counters:
+        return _Counters()
+
+    def open_by_worker(self) -> dict[str, int]:
+        return {}
+
+
+class _Surface:
+    def on(self, worker: str) -> list:
+        return []
+
+    def assign(self, user: str, worker: str, now: float) -> None:
+        pass
+
+
+def _manager(n: int) -> PoolManager:
+    from elasticd.config import App, Config, Group, Quotas, Resources, Server, Tenant
+    pool = Pool(min_workers=n, max_workers=n, memory_limit=512 * 1024**2)
+    group = Group(name="green", command=("app",), pool=pool)
+    app = App(name="shop", domains=("shop.localhost",), root="/", default_group="green", groups={"green": group})
+    config = Config(server=Server(), tenants={"acme": Tenant("acme", Resources(), Quotas(), {"shop": app})})
+    manager = PoolManager(_Supervisor(n), _Surface(), _Accounting(), interval=5.0)
+    manager.apply(config)
+    return manager
+
+
+def _report(i: int, w: int) -> Report:
+    # The reception busy (over its keep threshold: every login is passed), the others moderately loaded.
+    cpu = 0.7 if w == 1 else 0.2 + 0.03 * w
+    return Report(cpu=cpu, rss=200 * 1024**2, executor=Executor(busy=w % 4, total=8))
+
+
+def bench_decisions(n: int = 16, rounds: int = 20000) -> None:
+    manager = _manager(n)
+    for i in range(METRICS_WINDOW):
+        for w in range(1, n + 1):
+            manager.on_report(f"acme.shop.green.{w}", _report(i, w), float(i))
+    start = time.perf_counter()
+    for r in range(rounds):
+        manager.on_login(KEY, f"user{r}")
+    per_login = (time.perf_counter() - start) / rounds
+    start = time.perf_counter()
+    for r in range(rounds):
+        manager.on_report(f"acme.shop.green.{r % n + 1}", _report(r, r % n + 1), 100.0 + r)
+    per_report = (time.perf_counter() - start) / rounds
+    print(f"placement + admission, {n} workers with full windows ({METRICS_WINDOW} rows): "
+          f"{per_login * 1e6:.1f} µs per login (goal < 50 µs)")
+    print(f"archive + evaluate one report (scale-up and ledger checks included): {per_report * 1e6:.1f} µs")
+
+
+def _get(port: int, path: str) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", path, headers={"Host": "shop.localhost"})
+        conn.getresponse().read()
+    finally:
+        conn.close()
+
+
+def bench_reaction(interval: float = 1.0) -> None:
+    from harness import Daemon  # tests/harness.py: a real elasticd on a fake cgroup tree
+
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Daemon(Path(tmp), f"""\
+            tenants:
+              acme:
+                apps:
+                  shop:
+                    domains: [shop.localhost]
+                    root: {tmp}
+                    groups:
+                      green:
+                        command: ["{{python}}", "-m", "elasticd.demo"]
+                        pool: {{min_workers: 1, max_workers: 2}}
+            """, extra_server=f"  occupancy_interval: {int(interval * 1000)}ms\n")
+        d.start()
+        try:
+            stop = threading.Event()
+
+            def load() -> None:
+                while not stop.is_set():
+                    _get(d.port, "/cpu?ms=100")
+
+            step = time.monotonic()
+            threads = [threading.Thread(target=load, daemon=True) for _ in range(2)]
+            for t in threads:
+                t.start()
+            routable = None
+            while time.monotonic() - step < 60:
+                data = json.loads(d.ctl("pool", "acme/shop", "--json").stdout)
+                running = [w for w in data["groups"]["green"]["workers"] if w["state"] == "running"]
+                if len(running) >= 2:
+                    routable = time.monotonic() - step
+                    break
+                time.sleep(0.05)
+            stop.set()
+            for t in threads:
+                t.join()
+            if routable is None:
+                print("reaction: no second worker within 60 s")
+            else:
+                print(f"reaction, load step → second routable worker: {routable:.2f} s "
+                      f"(occupancy_interval {interval:g} s; the smoothing window is 6 rows, "
+                      f"so a full step reads over 0.5 after about 3 reports)")
+        finally:
+            d.stop()
+            d.kill_leftovers()
+
+
+if __name__ == "__main__":
+    bench_decisions()
+    bench_reaction()
