@@ -87,10 +87,13 @@ class Users:
         deadline = time.monotonic() + 60
         rounds = 0
         while not self.stop.is_set() and time.monotonic() < deadline:
-            _request(self.d, "/cpu?ms=80", self.cookies[i])
-            rounds += 1
-            if rounds % 8 == 0:
-                _request(self.d, f"/login?name=u{i}", self.cookies[i])
+            try:
+                _request(self.d, "/cpu?ms=80", self.cookies[i])
+                rounds += 1
+                if rounds % 8 == 0:
+                    _request(self.d, f"/login?name=u{i}", self.cookies[i])
+            except OSError:  # a slow answer on a loaded machine is load all the same; assertions are below
+                continue
 
     def halt(self) -> None:
         self.stop.set()
@@ -105,7 +108,7 @@ def test_load_grows_the_pool_and_it_compacts_back(daemons, tmp_path, sensorless)
     assert _running(_pool(d)) == 1
     users = Users(d, 6)
     try:
-        grown = _wait(d, lambda g: _running(g) == 3, 40, "grow to max_workers")
+        grown = _wait(d, lambda g: _running(g) == 3, 90, "grow to max_workers")
         kinds = [x["decision"] for x in grown["decisions"]]
         assert kinds.count("scale-up") >= 2
         if sensorless == "0":
@@ -118,7 +121,7 @@ def test_load_grows_the_pool_and_it_compacts_back(daemons, tmp_path, sensorless)
         assert len(_pool(d)["workers"]) <= 3  # max_workers holds
     finally:
         users.halt()
-    shrunk = _wait(d, lambda g: len(g["workers"]) == 1, 40, "compact back to min_workers")
+    shrunk = _wait(d, lambda g: len(g["workers"]) == 1, 90, "compact back to min_workers")
     kinds = [x["decision"] for x in shrunk["decisions"]]
     assert kinds.count("compaction") >= 2 and kinds.count("retire") >= 2
     compaction = next(x for x in shrunk["decisions"] if x["decision"] == "compaction")
