@@ -19,10 +19,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from elasticd.config import Pool  # noqa: E402
-from elasticd.pool.evaluator import METRICS_WINDOW  # noqa: E402
-from elasticd.pool.manager import PoolManager  # noqa: E402
-from elasticd.pool.report import Executor, Report  # noqa: E402
+from elasticd.config import Pool
+from elasticd.pool.evaluator import METRICS_WINDOW
+from elasticd.pool.manager import PoolManager
+from elasticd.pool.report import Executor, Report
 
 KEY = ("acme", "shop", "green")
 
@@ -136,6 +136,8 @@ def bench_reaction(interval: float = 1.0) -> None:
                 while not stop.is_set():
                     _get(d.port, "/cpu?ms=100")
 
+            # An idle worker with a full smoothing window of idle reports: the step has to outweigh them.
+            time.sleep(8 * interval)
             step = time.monotonic()
             threads = [threading.Thread(target=load, daemon=True) for _ in range(2)]
             for t in threads:
@@ -154,9 +156,9 @@ def bench_reaction(interval: float = 1.0) -> None:
             if routable is None:
                 print("reaction: no second worker within 60 s")
             else:
-                print(f"reaction, load step → second routable worker: {routable:.2f} s "
-                      f"(occupancy_interval {interval:g} s; the smoothing window is 6 rows, "
-                      f"so a full step reads over 0.5 after about 3 reports)")
+                print(f"reaction, load step on an idle worker → second routable worker: {routable:.2f} s "
+                      f"(occupancy_interval {interval:g} s; occupancy averages the last 6 reports, so a full "
+                      f"step reads over reception_threshold 0.5 only after about 3 of them)")
         finally:
             d.stop()
             d.kill_leftovers()
