@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,18 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError
 
+from elasticd.model import (
+    Address,
+    App,
+    CgroupSettings,
+    Config,
+    Group,
+    Pool,
+    Quotas,
+    Resources,
+    Server,
+    Tenant,
+)
 from elasticd.units import UnitError, parse_cpu, parse_duration, parse_size
 
 __all__ = [
@@ -44,114 +56,6 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _HOST_RE = re.compile(r"^(?=.{1,253}$)[a-z0-9*]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CGROUP_MODES = ("auto", "required", "off")
-
-
-# --------------------------------------------------------------------------------------------- the model
-
-
-@dataclass(frozen=True, slots=True)
-class Address:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
-@dataclass(frozen=True, slots=True)
-class CgroupSettings:
-    mode: str = "auto"
-    path: str | None = None  # None: elasticd's own cgroup
-
-
-@dataclass(frozen=True, slots=True)
-class Server:
-    listen: Address = Address("127.0.0.1", 8080)
-    metrics_listen: Address = Address("127.0.0.1", 9464)
-    admin_socket: str = "/run/elasticd/admin.sock"
-    admin_group: str | None = None
-    runtime_dir: str = "/run/elasticd"
-    cgroups: CgroupSettings = CgroupSettings()
-    sample_interval: float = 5.0
-    occupancy_interval: float = 5.0
-    request_timeout: float = 60.0
-    stop_timeout: float = 10.0
-    user_ttl: float = 1800.0
-
-
-@dataclass(frozen=True, slots=True)
-class Resources:
-    """Per-tenant limits. None means unlimited (written as ``max``); swap defaults to 0, not unlimited,
-    because otherwise a memory limit is silently absorbed by swap."""
-
-    cpu: float | None = None  # percent of one CPU
-    memory: int | None = None
-    swap: int | None = 0
-    pids: int | None = None
-    io_weight: int | None = None  # None: the kernel default, 100
-    io_read: int | None = None  # bytes per second
-    io_write: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Quotas:
-    max_concurrent_requests: int | None = None
-    requests_per_second: float | None = None
-    burst: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Pool:
-    min_workers: int = 1
-    max_workers: int | None = 4  # None: unbounded
-    reception_threshold: float = 0.5
-    admission_threshold: float = 0.8
-    compaction_margin: float = 1.5
-    memory_limit: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Group:
-    name: str
-    command: tuple[str, ...]
-    python: str | None = None  # None: elasticd's own interpreter
-    env: Mapping[str, str] = field(default_factory=dict)
-    concurrency: int = 8
-    pool: Pool = Pool()
-
-
-@dataclass(frozen=True, slots=True)
-class App:
-    name: str
-    domains: tuple[str, ...]
-    root: str
-    default_group: str
-    groups: Mapping[str, Group]
-
-
-@dataclass(frozen=True, slots=True)
-class Tenant:
-    name: str
-    resources: Resources
-    quotas: Quotas
-    apps: Mapping[str, App]
-
-
-@dataclass(frozen=True, slots=True)
-class Config:
-    server: Server
-    tenants: Mapping[str, Tenant]
-    source: str = "<string>"
-
-    def apps(self) -> Iterator[tuple[Tenant, App]]:
-        for tenant in self.tenants.values():
-            for app in tenant.apps.values():
-                yield tenant, app
-
-    def groups(self) -> Iterator[tuple[Tenant, App, Group]]:
-        for tenant, app in self.apps():
-            for group in app.groups.values():
-                yield tenant, app, group
 
 
 # --------------------------------------------------------------------------------------------- errors

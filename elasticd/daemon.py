@@ -25,7 +25,7 @@ from elasticd import __version__
 from elasticd.accounting.sampler import Sampler
 from elasticd.accounting.usage import measure
 from elasticd.api.server import AdminApi, SocketInUse
-from elasticd.cgroup import CgroupTree, Decision, decide, probe
+from elasticd.cgroup.placement import CgroupRefused, Placement
 from elasticd.config import Config, ConfigError, Quotas, Resources, load_config
 from elasticd.front import Front, RouteTable, Upstream
 from elasticd.metrics import MetricsServer
@@ -47,10 +47,6 @@ DEFAULT_CONFIG = "/etc/elastic.yaml"
 _GONE_STATES = frozenset({"exited", "stopped", "failed"})
 
 
-class StartupRefused(Exception):
-    pass
-
-
 @dataclass(slots=True)
 class ReloadResult:
     ok: bool
@@ -65,8 +61,7 @@ class Daemon:
         "_signals",
         "_stopping",
         "api",
-        "cgroup_base",
-        "cgroup_decision",
+        "cgroups",
         "channel",
         "config",
         "config_path",
@@ -79,23 +74,22 @@ class Daemon:
         "sampler",
         "started_at",
         "supervisor",
-        "tree",
     )
 
     def __init__(self, config: Config, config_path: str) -> None:
         self.config = config
         self.config_path = config_path
         self.notifier = Notifier()
-        self.tree: CgroupTree | None = None
-        self.cgroup_decision: Decision | None = None
-        self.cgroup_base: str | None = None
+        self.cgroups = Placement()
         server = config.server
-        self.supervisor = Supervisor(server.runtime_dir, self._leaf_for, stop_timeout=server.stop_timeout,
+        self.supervisor = Supervisor(server.runtime_dir, self.cgroups.leaf, stop_timeout=server.stop_timeout,
                                      occupancy_interval=server.occupancy_interval)
         self.supervisor.on_worker_state = self._on_worker_state
         self.front = Front(server.listen, RouteTable.from_config(config), self._upstreams,
                            quotas=_quotas(config), request_timeout=server.request_timeout, user_ttl=server.user_ttl)
-        self.limits = RuntimeLimits(lambda: self.config, config_path, self._write_tenant_limits, self.reload)
+        self.limits = RuntimeLimits(lambda: self.config, config_path,
+                                    lambda t: self.cgroups.write_tenant(self.config, t, self.limits.resources_of(t)),
+                                    self.reload)
         self.pool = PoolManager(self.supervisor, self.front.surface, self.front.accounting,
                                 interval=server.occupancy_interval)
         self.front.on_login = self.pool.on_login
@@ -113,21 +107,8 @@ class Daemon:
 
     # ------------------------------------------------------------------ wiring for the parts
 
-    def _leaf_for(self, tenant: str, app: str) -> str | None:
-        return str(self.tree.leaf(tenant, app)) if self.tree is not None else None
-
     def _limits_in_force(self) -> dict[str, Resources]:
         return {name: self.limits.resources_of(name) for name in self.config.tenants}
-
-    def _sampler_targets(self, config: Config) -> dict[tuple[str, ...], Path]:
-        if self.tree is None:
-            return {}
-        targets: dict[tuple[str, ...], Path] = {}
-        for tenant in config.tenants.values():
-            targets[("tenant", tenant.name)] = self.tree.tenant_dir(tenant.name)
-            for app in tenant.apps.values():
-                targets[("app", tenant.name, app.name)] = self.tree.leaf(tenant.name, app.name)
-        return targets
 
     def _upstreams(self, tenant: str, app: str, group: str) -> list[Upstream]:
         draining = self.pool.draining  # being compacted away: no new requests
@@ -153,101 +134,13 @@ class Daemon:
             self.front.close_upstream(worker.id)
             self.pool.forget_worker(worker.id)
 
-    # ------------------------------------------------------------------ cgroups
-
-    def _claim_cgroups(self) -> None:
-        settings = self.config.server.cgroups
-        found = probe(settings)
-        decision = decide(settings.mode, found)
-        self.cgroup_decision = decision
-        self.cgroup_base = str(found.base) if found.base is not None else None
-        if decision.refuse:
-            raise StartupRefused(decision.refuse)
-        if decision.warning:
-            log.warning("%s", decision.warning)
-        if not decision.enforce:
-            return
-        assert found.base is not None
-        tree = CgroupTree(found.base, found.base_is_own)
-        try:
-            tree.setup()
-        except OSError as exc:
-            message = f"cannot set up the cgroup base {found.base}: {exc}"
-            if settings.mode == "required":
-                raise StartupRefused(message) from None
-            log.warning("%s; serving without enforcement", message)
-            self.cgroup_decision = Decision(enforce=False, refuse=None, warning=message)
-            return
-        self.tree = tree
-        log.info("cgroups enforced under %s", found.base)
-
-    def _write_cgroups(self, config: Config) -> list[str]:
-        """Create every leaf and write every limit: on each activation, so a reload changes them in place.
-        Run-time overrides are written over the config's values, so a reload does not undo them."""
-        tree = self.tree
-        if tree is None:
-            return []
-        problems: list[str] = []
-        for tenant in config.tenants.values():
-            try:
-                tree.ensure_tenant(tenant.name)
-                for app in tenant.apps.values():
-                    tree.ensure_app(tenant.name, app.name)
-            except OSError as exc:
-                problems.append(f"tenant {tenant.name}: cannot create its cgroups: {exc}")
-                continue
-            resources = effective(tenant.resources, self.limits.overrides.get(tenant.name, {}))
-            problems.extend(tree.apply_limits(tenant.name, resources, [app.root for app in tenant.apps.values()]))
-        return problems
-
-    def _write_tenant_limits(self, tenant: str) -> list[str]:
-        if self.tree is None:
-            return ["cgroups are not enforced: the limits are recorded but no kernel file was written"]
-        roots = [app.root for app in self.config.tenants[tenant].apps.values()]
-        return self.tree.apply_limits(tenant, self.limits.resources_of(tenant), roots)
-
-    async def _remove_cgroups(self, old: Config, new: Config) -> None:
-        """After their workers are gone: the leaves of removed apps, then the groups of removed tenants."""
-        tree = self.tree
-        if tree is None:
-            return
-        for tenant, app in old.apps():
-            if tenant.name not in new.tenants or app.name not in new.tenants[tenant.name].apps:
-                await self._drain_leaf(tenant.name, app.name)
-                tree.remove_app(tenant.name, app.name)
-        for name in old.tenants:
-            if name not in new.tenants:
-                tree.remove_tenant(name)
-
-    async def _remove_stale_cgroups(self, config: Config) -> None:
-        """At start: groups an earlier run left for tenants or apps no longer configured."""
-        tree = self.tree
-        if tree is None:
-            return
-        for tenant in tree.inner_tenants():
-            known = config.tenants.get(tenant)
-            for app in tree.inner_apps(tenant):
-                if known is None or app not in known.apps:
-                    await self._drain_leaf(tenant, app)
-                    tree.remove_app(tenant, app)
-            if known is None:
-                tree.remove_tenant(tenant)
-
-    async def _drain_leaf(self, tenant: str, app: str, timeout: float = 5.0) -> None:
-        """Kill whatever a worker left behind in its leaf (a daemonised grandchild) and wait for the leaf to
-        empty: cgroup.kill is asynchronous, and a populated cgroup cannot be removed (EBUSY)."""
-        assert self.tree is not None
-        if not self.tree.kill_leaf(tenant, app):
-            return
-        deadline = time.monotonic() + timeout
-        while self.tree.populated(tenant, app) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-
     # ------------------------------------------------------------------ activation and reload
 
     async def _activate(self, config: Config, previous: Config | None) -> list[str]:
         self.limits.forget_removed(config)
-        problems = self._write_cgroups(config)
+        # Run-time overrides are written over the config's values, so a reload does not undo them.
+        problems = self.cgroups.write(config, lambda t: effective(config.tenants[t].resources,
+                                                                   self.limits.overrides.get(t, {})))
         # Routes first: a removed app stops receiving traffic before its workers are stopped.
         self.front.set_routes(RouteTable.from_config(config))
         self.front.set_quotas(_quotas(config))
@@ -256,11 +149,11 @@ class Daemon:
         result = await self.supervisor.apply(config)
         problems.extend(result.problems)
         if previous is not None:
-            await self._remove_cgroups(previous, config)
+            await self.cgroups.remove_dropped(previous, config)
         else:
-            await self._remove_stale_cgroups(config)
+            await self.cgroups.remove_stale(config)
         # Reopened here: a reload may have added or removed cgroups under the sampler's descriptors.
-        self.sampler.set_targets(self._sampler_targets(config))
+        self.sampler.set_targets(self.cgroups.sampler_targets(config))
         self.config = config
         for problem in problems:
             log.error("%s", problem)
@@ -305,10 +198,11 @@ class Daemon:
 
     async def usage(self, interval_ms: int, apps: bool) -> dict[str, Any]:
         """Two reads of the tenant groups, ``interval_ms`` apart (GET /v1/tenants/usage)."""
-        if self.tree is None:
+        tree, config = self.cgroups.tree, self.config
+        if tree is None:
+            warning = self.cgroups.decision.warning if self.cgroups.decision else None
             raise LookupError("cgroups are not enforced, so there is no usage to measure"
-                              + (f" ({self.cgroup_decision.warning})" if self.cgroup_decision else ""))
-        tree, config = self.tree, self.config
+                              + (f" ({warning})" if warning else ""))
         targets = {
             tenant.name: (tree.tenant_dir(tenant.name), self.limits.resources_of(tenant.name),
                           {app: tree.leaf(tenant.name, app) for app in tenant.apps})
@@ -327,12 +221,11 @@ class Daemon:
                 apps[app.name] = {
                     "domains": list(app.domains),
                     "root": app.root,
-                    "leaf": self._leaf_for(tenant.name, app.name),
+                    "leaf": self.cgroups.leaf(tenant.name, app.name),
                     "default_group": app.default_group,
                     "groups": {g: {"workers": workers.get((tenant.name, app.name, g), [])} for g in app.groups},
                 }
             tenants[tenant.name] = {"limits": self.limits.describe(tenant.name), "apps": apps}
-        decision = self.cgroup_decision
         last = self.last_reload
         return {
             "version": __version__,
@@ -340,13 +233,7 @@ class Daemon:
             "config": self.config_path,
             "uptime": round(time.time() - self.started_at, 3),
             "listen": str(self.config.server.listen),
-            "cgroups": {
-                "mode": self.config.server.cgroups.mode,
-                "enforced": self.tree is not None,
-                "base": self.cgroup_base,
-                "missing_controllers": list(self.tree.missing) if self.tree is not None else [],
-                "warning": decision.warning if decision is not None else None,
-            },
+            "cgroups": self.cgroups.describe(self.config.server.cgroups.mode),
             "last_reload": None if last is None else {
                 "ok": last.ok, "error": last.error, "problems": last.problems,
                 "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last.at))},
@@ -357,13 +244,13 @@ class Daemon:
 
     async def run(self) -> int:
         try:
-            self._claim_cgroups()
+            self.cgroups.claim(self.config.server.cgroups)
             os.makedirs(os.path.join(self.config.server.runtime_dir, "workers"), mode=0o755, exist_ok=True)
             await self.api.start()
             await self.front.start()
             await self.metrics.start()
             await self.channel.start()
-        except (StartupRefused, SocketInUse, ValueError, OSError) as exc:
+        except (CgroupRefused, SocketInUse, ValueError, OSError) as exc:
             log.error("refusing to start: %s", exc)
             self.notifier.send(f"STATUS=refusing to start: {exc}")
             await self._shutdown()
@@ -400,8 +287,7 @@ class Daemon:
         await self.notifier.stop_watchdog()
         await self.front.stop(self.config.server.stop_timeout)
         await self.supervisor.stop_all()
-        if self.tree is not None:
-            await asyncio.gather(*(self._drain_leaf(t.name, a.name) for t, a in self.config.apps()))
+        await self.cgroups.drain_all(self.config)
         await self.api.stop()
         await self.channel.stop()
         await self.metrics.stop()
