@@ -14,6 +14,7 @@ from elasticd.config import App, Group
 from elasticd.supervisor.backoff import RestartPolicy
 from elasticd.supervisor.plan import Desired, Running, plan
 from elasticd.supervisor.spawn import TRAMPOLINE, WorkerSpec, spawn_argv, spec_for, worker_env
+from elasticd.supervisor.supervisor import Supervisor
 from elasticd.supervisor.worker import Worker
 
 # ---------------------------------------------------------------------- backoff (pure, a table)
@@ -235,3 +236,26 @@ async def test_stop_leaves_no_child_behind(tmp_path):
     while psutil.pid_exists(child) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert not psutil.pid_exists(child)
+
+
+async def test_a_worker_being_started_is_found_before_it_is_routable(tmp_path):
+    """A worker runs (and announces itself on the channel) before the start or reload that launched it has seen
+    it routable; find() must know it then, or the channel refuses it as "no worker … runs here" (in the VM suite
+    that warning came for most workers at every start)."""
+    (tmp_path / "workers").mkdir()
+    slow = "import time; time.sleep(1.5)\n" + SERVER  # runs, but does not listen yet
+    spec = WorkerSpec(argv=(sys.executable, "-c", slow), env=(), cwd=str(tmp_path), leaf=None)
+    supervisor = Supervisor(str(tmp_path), lambda tenant, app: None, start_wait=10)
+    launch = asyncio.create_task(supervisor._start_group(("t", "a", "g"), Desired(spec, 1, 1)))
+    deadline = time.monotonic() + 10
+    while (supervisor.find("t.a.g.1") is None or supervisor.find("t.a.g.1").pid is None) \
+            and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    found = supervisor.find("t.a.g.1")
+    assert found is not None and found.pid is not None and found.token
+    assert found.state == "starting"  # not routable yet: the launch is still waiting for it
+    assert not launch.done()
+    assert await launch == []
+    assert supervisor.find("t.a.g.1") is found and found.routable
+    await supervisor.stop_all()
+    assert supervisor.find("t.a.g.1") is None

@@ -43,8 +43,8 @@ class _Group:
 
 
 class Supervisor:
-    __slots__ = ("_groups", "_lock", "leaf_for", "occupancy_interval", "on_worker_state", "runtime_dir",
-                 "start_wait", "stop_timeout")
+    __slots__ = ("_groups", "_launching", "_lock", "leaf_for", "occupancy_interval", "on_worker_state",
+                 "runtime_dir", "start_wait", "stop_timeout")
 
     def __init__(self, runtime_dir: str, leaf_for: Callable[[str, str], str | None], *,
                  stop_timeout: float = 10.0, occupancy_interval: float = 5.0,
@@ -56,6 +56,9 @@ class Supervisor:
         self.start_wait = start_wait
         self.on_worker_state: Callable[[Worker], None] | None = None
         self._groups: dict[GroupKey, _Group] = {}
+        # Started by a start or reload and not yet in their group (that waits until they are routable): they
+        # run, and announce themselves on the channel, meanwhile.
+        self._launching: dict[str, Worker] = {}
         self._lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ views
@@ -69,7 +72,8 @@ class Supervisor:
             yield from entry.workers
 
     def find(self, worker_id: str) -> Worker | None:
-        return next((w for w in self.workers() if w.id == worker_id), None)
+        found = next((w for w in self.workers() if w.id == worker_id), None)
+        return found if found is not None else self._launching.get(worker_id)
 
     def status(self) -> dict[GroupKey, list[dict[str, object]]]:
         return {key: [w.describe() for w in entry.workers] for key, entry in self._groups.items()}
@@ -166,9 +170,14 @@ class Supervisor:
     async def _launch(self, key: GroupKey, entry: _Group, spec: WorkerSpec, count: int) -> tuple[list[Worker],
                                                                                                    list[str]]:
         fresh = [self._new_worker(key, entry, spec) for _ in range(count)]
-        for worker in fresh:
-            worker.start()
-        ready = await asyncio.gather(*(w.wait_routable(self.start_wait) for w in fresh))
+        self._launching.update((w.id, w) for w in fresh)
+        try:
+            for worker in fresh:
+                worker.start()
+            ready = await asyncio.gather(*(w.wait_routable(self.start_wait) for w in fresh))
+        finally:
+            for worker in fresh:
+                self._launching.pop(worker.id, None)
         problems = [f"worker {w.id} is not routable ({w.state}) after {self.start_wait:g}s"
                     for w, ok in zip(fresh, ready, strict=True) if not ok]
         for problem in problems:

@@ -44,9 +44,11 @@ printf 'LABEL=root\t/\text4\trw,relatime\t0\t0\n' >"$root/etc/fstab"
 echo 5e1a57cd0000400080000000000000a1 >"$root/etc/machine-id"
 mkdir -p "$root/etc/systemd/system/multi-user.target.wants"
 ln -sf /etc/systemd/system/elasticd-it.service "$root/etc/systemd/system/multi-user.target.wants/elasticd-it.service"
-# Nothing that would run on its own timer or want a login in the middle of a measurement.
+# Nothing that would run on its own timer or want a login in the middle of a measurement. The prometheus
+# package enables its own server (0.0.0.0:9090, scraping itself every 15 s, burning emulated CPU from boot on):
+# the accounting scenario runs the binary itself, on loopback, only while it measures.
 for unit in apt-daily.timer apt-daily-upgrade.timer man-db.timer e2scrub_all.timer fstrim.timer \
-            serial-getty@ttyS0.service getty@tty1.service; do
+            serial-getty@ttyS0.service getty@tty1.service prometheus.service; do
     ln -sf /dev/null "$root/etc/systemd/system/$unit"
 done
 
@@ -57,7 +59,7 @@ cp "$root"/boot/initrd.img-* "$out/initrd.img"
     echo "kernel: $(basename "$root"/boot/vmlinuz-*)"
     dpkg-query --admindir="$root/var/lib/dpkg" -W -f='${Package} ${Version}\n' \
         systemd linux-image-amd64 python3 python3-aiohttp python3-psutil python3-ruamel.yaml \
-        python3-prometheus-client python3-pystemd
+        python3-prometheus-client python3-pystemd python3-httptools python3-uvloop prometheus
 } >"$out/manifest.txt"
 
 echo "build-image: mkfs.ext4 ($disk_size)" >&2

@@ -1,0 +1,268 @@
+"""Scenario 12, the elastic pool (issue #7): under real CPU pressure, in a tenant whose cgroup has a CPU limit, the
+pool grows; when the pressure stops it compacts back, with every user still served.
+
+The tenant has ``cpu: 200%`` (the guest has 2 CPUs) and one app group with ``pool: {min_workers: 1,
+max_workers: 3}``; ``server.occupancy_interval: 1s`` keeps it quick under TCG. Logged-in users (the front's
+``elastic_uid`` cookie, ``/login?name=uN``) burn CPU with ``/cpu?ms=80`` and log in again now and then, so that
+the pool's placement runs again. ``elasticctl pool elastic/web --json`` is asked at the two moments that matter
+(grown, compacted); in between the same JSON is polled from the admin socket (GET /v1/apps/elastic/web/pool),
+which costs no Python start-up and so does not itself compete for the two CPUs being measured.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from common import (
+    BASE,
+    admin,
+    browse,
+    check,
+    elasticctl_json,
+    http_get,
+    procs,
+    read,
+    say,
+    start_with,
+    wait_for,
+)
+
+TENANT, APP, GROUP, HOST = "elastic", "web", "main", "pool.localhost"
+ROOT = Path("/srv", TENANT, APP)
+USERS = 6
+BURN_MS = 80
+RELOGIN_EVERY = 8  # requests between two logins of a user
+GROW_TIMEOUT = 90.0  # seconds of load to reach max_workers (≥ 2 is the assertion; 3 is the goal)
+HOLD_AT_MAX = 3.0  # seconds the load continues once the group is at max_workers (max_workers must hold)
+COMPACT_TIMEOUT = 120.0
+MAX_WORKERS = 3
+
+CONFIG = f"""\
+server:
+  listen: 127.0.0.1:8080
+  metrics_listen: 127.0.0.1:9464
+  cgroups: {{mode: required}}
+  stop_timeout: 5s
+  occupancy_interval: 1s
+tenants:
+  {TENANT}:
+    resources: {{cpu: 200%}}
+    apps:
+      {APP}:
+        domains: [{HOST}]
+        root: {ROOT}
+        groups:
+          {GROUP}:
+            command: ["{{python}}", "-m", "elasticd.demo"]
+            concurrency: 4
+            pool: {{min_workers: 1, max_workers: {MAX_WORKERS}, reception_threshold: 0.5,
+                    admission_threshold: 0.8, compaction_margin: 1.5}}
+"""
+
+
+# Every decision seen, by (at, kind, worker): the API shows the journal's last 50, which under load are mostly
+# the logins' keep/pass/admit; polled every half second, nothing is missed.
+_journal: dict[tuple[float, str, str | None], dict[str, Any]] = {}
+
+
+def _pool() -> dict[str, Any]:
+    """The group as `elasticctl pool elastic/web --json` shows it (GET /v1/apps/elastic/web/pool)."""
+    code, data = admin("GET", f"/v1/apps/{TENANT}/{APP}/pool", timeout=30)
+    check(code == 200, f"GET /v1/apps/{TENANT}/{APP}/pool answered {code}: {data}")
+    group = data["groups"][GROUP]
+    for d in group["decisions"]:
+        _journal.setdefault((d["at"], d["decision"], d["worker"]), d)
+    return group
+
+
+def _running(group: dict[str, Any]) -> list[dict[str, Any]]:
+    return [w for w in group["workers"] if w["state"] == "running"]
+
+
+def _decision_counts() -> dict[str, int]:
+    """elasticd_pool_decisions_total{decision} from /metrics: counts that the bounded journal (the last 50
+    decisions, mostly logins under load) cannot lose."""
+    code, page = http_get(9464, "/metrics")
+    check(code == 200, f"GET /metrics answered {code}")
+    return {m.group(1): int(float(m.group(2))) for m in
+            re.finditer(r'^elasticd_pool_decisions_total\{decision="([^"]+)"\} (\S+)$', page.decode(), re.M)}
+
+
+class Users:
+    """Logged-in users burning CPU on whatever worker the front sends them to."""
+
+    def __init__(self, n: int) -> None:
+        self.stop = threading.Event()
+        self.cookies: list[str] = []
+        self.codes: dict[int | None, int] = {}
+        self.lock = threading.Lock()
+        for i in range(n):
+            code, body, uid = browse(HOST, "/")
+            check(code == 200 and uid, f"user {i}: GET / answered {code} {body[:200]!r}, cookie {uid}")
+            self.cookies.append(uid)
+            code, body, _ = browse(HOST, f"/login?name=u{i}", uid)
+            check(code == 200, f"user {i}: /login answered {code} {body[:200]!r}")
+        self.threads = [threading.Thread(target=self._burn, args=(i,), daemon=True) for i in range(n)]
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def _burn(self, i: int) -> None:
+        rounds = 0
+        while not self.stop.is_set():
+            code, _, _ = browse(HOST, f"/cpu?ms={BURN_MS}", self.cookies[i], timeout=60)
+            rounds += 1
+            if rounds % RELOGIN_EVERY == 0:
+                code_login, _, _ = browse(HOST, f"/login?name=u{i}", self.cookies[i], timeout=60)
+                self._count(code_login)
+            self._count(code)
+
+    def _count(self, code: int | None) -> None:
+        with self.lock:
+            self.codes[code] = self.codes.get(code, 0) + 1
+
+    def halt(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(90)
+
+
+def _story(began_wall: float) -> str:
+    """The group's scale-ups, compactions and retires so far, with the numbers behind each (for a failure)."""
+    lines = []
+    for d in sorted(_journal.values(), key=lambda d: d["at"]):
+        if d["decision"] in ("scale-up", "compaction", "retire", "hung"):
+            numbers = {k: v for k, v in d["numbers"].items() if k in ("occupancies", "C", "O", "H", "trigger",
+                                                                       "drained_occupancy", "users")}
+            lines.append(f"  +{d['at'] - began_wall:.1f}s {d['decision']} {d['worker']}: {d['reason']} {numbers}")
+    return "\n".join(lines)
+
+
+def s_pool() -> tuple[str, dict[str, Any]]:
+    ROOT.mkdir(parents=True, exist_ok=True)
+    _journal.clear()
+    start_with(CONFIG)
+
+    def one_running() -> dict[str, Any] | None:
+        g = _pool()
+        return g if len(g["workers"]) == 1 and len(_running(g)) == 1 else None
+
+    group = wait_for(one_running, 60, 0.5)
+    check(group, f"the group did not come up with its one worker: {_pool()['workers']}")
+    leaf, tenant_cg = BASE / "tenants" / TENANT / APP, BASE / "tenants" / TENANT
+    check(read(tenant_cg / "cpu.max") == "200000 100000", f"cpu.max is {read(tenant_cg / 'cpu.max')!r}")
+    (first,) = group["workers"]
+    counts0 = _decision_counts()
+
+    users = Users(USERS)
+    began, began_wall = time.monotonic(), time.time()
+    users.start()
+    first_new: float | None = None
+    at_max: float | None = None
+    most = 1
+    # Each worker when first seen routable: (seconds after the load started, pid, whether the pid was in the
+    # app's leaf at that moment).
+    routable: dict[str, tuple[float, int, bool]] = {first["id"]: (0.0, first["pid"], first["pid"] in procs(leaf))}
+    gone: dict[str, float] = {}  # worker → seconds after the load started when it left the group
+    try:
+        deadline = began + GROW_TIMEOUT
+        while time.monotonic() < deadline:
+            group = _pool()
+            now = time.monotonic() - began
+            running = _running(group)
+            most = max(most, len(group["workers"]))
+            for w in running:
+                if w["id"] not in routable:
+                    routable[w["id"]] = (now, w["pid"], w["pid"] in procs(leaf))
+                    say(f"    {w['id']} (pid {w['pid']}) routable {now:.1f}s after the load started")
+            ids = {w["id"] for w in group["workers"]}
+            for wid in routable:
+                if wid not in ids and wid not in gone:
+                    gone[wid] = now
+                    say(f"    {wid} left the group {now:.1f}s after the load started, under load")
+            if first_new is None and len(routable) > 1:
+                first_new = now
+            if len(running) >= MAX_WORKERS and at_max is None:
+                at_max = now
+            if at_max is not None and now >= at_max + HOLD_AT_MAX:
+                break
+            time.sleep(0.5)
+        # The operator's view at the peak.
+        grown = elasticctl_json("pool", f"{TENANT}/{APP}")["groups"][GROUP]
+    finally:
+        users.halt()
+    stopped = time.monotonic()
+    load_s = stopped - began
+    counts1 = _decision_counts()
+    scale_ups = counts1.get("scale-up", 0) - counts0.get("scale-up", 0)
+    under_load = counts1.get("compaction", 0) - counts0.get("compaction", 0)
+    story = _story(began_wall)
+    check(first_new is not None, f"the group never grew in {GROW_TIMEOUT:.0f}s of load:\n{story}")
+    check(most >= 2 and len(routable) >= 2, f"the group grew to {most} workers:\n{story}")
+    outside = [(wid, pid) for wid, (_, pid, inside) in routable.items() if not inside]
+    check(not outside, f"workers {outside} were not in {leaf} when they became routable")
+    check(most <= MAX_WORKERS, f"the group had {most} workers, over max_workers {MAX_WORKERS}")
+    hung = counts1.get("hung", 0) - counts0.get("hung", 0)  # a replaced hung worker is a new one too
+    check(scale_ups + hung >= len(routable) - 1, f"{scale_ups} scale-ups and {hung} hung replacements for "
+          f"{len(routable)} workers:\n{story}")
+    new_pids = sorted(pid for wid, (_, pid, _) in routable.items() if wid != first["id"])
+
+    # The load has stopped: the group compacts back to min_workers, one worker at a time.
+    def compacted() -> dict[str, Any] | None:
+        g = _pool()
+        return g if len(g["workers"]) == 1 and len(_running(g)) == 1 else None
+
+    shrunk = wait_for(compacted, COMPACT_TIMEOUT, 0.5)
+    compact_s = time.monotonic() - stopped
+    story = _story(began_wall)
+    check(shrunk, f"the group did not compact back to 1 worker within {COMPACT_TIMEOUT:.0f}s: "
+          f"{[(w['id'], w['state'], w['occupancy']) for w in _pool()['workers']]}\n{story}")
+    final = elasticctl_json("pool", f"{TENANT}/{APP}")["groups"][GROUP]
+    counts2 = _decision_counts()
+    compactions = counts2.get("compaction", 0) - counts0.get("compaction", 0)
+    retires = counts2.get("retire", 0) - counts0.get("retire", 0)
+    check(len(final["workers"]) == 1, f"elasticctl pool shows {len(final['workers'])} workers after compaction")
+    hung = counts2.get("hung", 0) - counts0.get("hung", 0)
+    check(compactions + hung >= len(routable) - 1 and retires + hung >= len(routable) - 1,
+          f"{compactions} compactions and {retires} retires for {len(routable)} → 1 workers:\n{story}")
+    survivor = final["workers"][0]
+    members = procs(leaf)
+    check(survivor["pid"] in members, f"the survivor (pid {survivor['pid']}) is not in {leaf}")
+    lingering = [pid for wid, (_, pid, _) in routable.items() if wid != survivor["id"] and pid in members]
+    check(not lingering, f"retired workers' pids {lingering} are still in {leaf}")
+    answers = [browse(HOST, "/", cookie) for cookie in users.cookies]
+    bad = [(i, code, body[:120]) for i, (code, body, _) in enumerate(answers)
+           if code != 200 or f"worker {TENANT}.{APP}.{GROUP}.".encode() not in body]
+    check(not bad, f"users not served after the compaction: {bad}")
+    failed = {code: n for code, n in users.codes.items() if code != 200}
+    total = sum(users.codes.values())
+    check(not failed, f"requests under load that did not answer 200: {failed} of {total}")
+    first_decision = next((d["at"] - began_wall for d in sorted(_journal.values(), key=lambda d: d["at"])
+                           if d["decision"] == "scale-up"), None)
+    decided = f"decided {first_decision:.1f}s, " if first_decision is not None else ""
+    churn = ""
+    if under_load:
+        # The ledger's numbers of each compaction decided before the load stopped.
+        early = [f"{d['worker']} {gone[d['worker']] - routable[d['worker']][0]:.1f}s after it became routable, "
+                 f"H {d['numbers']['H']:.2f} over {d['numbers']['trigger']:.2f}"
+                 for d in sorted(_journal.values(), key=lambda d: d["at"])
+                 if d["decision"] == "compaction" and d["worker"] in gone and d["worker"] in routable]
+        churn = f"; {under_load} compaction(s) while the load still ran ({'; '.join(early) or 'see details'})"
+    if hung:
+        churn += f"; {hung} worker(s) replaced as hung"
+    figure = (f"tenant cpu.max 200000 100000 (2 CPUs), {USERS} logged-in users burning /cpu?ms={BURN_MS}: first "
+              f"scale-up {decided}its worker routable {first_new:.1f}s after the load started; grew to {most} "
+              f"workers{f' at {at_max:.1f}s' if at_max is not None else f' in {load_s:.0f}s'} (max_workers "
+              f"{MAX_WORKERS} held, {scale_ups} scale-ups); new pids {new_pids} in {leaf.relative_to(BASE)} when "
+              f"they became routable{churn}; load stopped after {load_s:.0f}s ({total} requests, all 200): back to "
+              f"1 worker {compact_s:.1f}s later ({compactions} compactions, {retires} retires in all); all {USERS} "
+              f"users answered 200 afterwards")
+    details = {"grown": grown, "final": final, "codes": {str(k): v for k, v in users.codes.items()},
+               "routable": routable, "gone": gone, "first_new_s": first_new, "at_max_s": at_max,
+               "compact_s": compact_s, "story": story, "counts": counts2}
+    return figure, details
