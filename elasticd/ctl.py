@@ -189,8 +189,22 @@ async def _high(client: AdminClient, args: argparse.Namespace) -> int:
     if code != 200:
         print(f"high: {data.get('error') or f'HTTP {code}'}", file=sys.stderr)
         return 1
+    if args.json:
+        data["tenants"] = dict(sorted(data.get("tenants", {}).items(), key=lambda item: -(_sort_value(item[1],
+                                                                                                      args.sort))))
     print(json.dumps(data, indent=2) if args.json else render_high(data, args.sort, args.apps))
     return 0
+
+
+def _sort_value(usage: dict[str, Any], sort: str) -> float:
+    """The widest consumer first, in --json too (missing values last)."""
+    if sort == "cpu":
+        value = usage.get("cpu_percent")
+    elif sort == "memory":
+        value = usage.get("memory_bytes")
+    else:
+        value = (usage.get("io_read_bytes_per_second") or 0) + (usage.get("io_write_bytes_per_second") or 0)
+    return float(value) if value is not None else -1.0
 
 
 def _high_parser(sub: Any) -> None:

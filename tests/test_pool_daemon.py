@@ -109,12 +109,12 @@ def test_load_grows_the_pool_and_it_compacts_back(daemons, tmp_path, sensorless)
     users = Users(d, 6)
     try:
         grown = _wait(d, lambda g: _running(g) == 3, 90, "grow to max_workers")
-        kinds = [x["decision"] for x in grown["decisions"]]
-        assert kinds.count("scale-up") >= 2
+        assert grown["decision_counts"]["scale-up"] >= 2
         if sensorless == "0":
             assert all(w["announced"] for w in grown["workers"] if w["state"] == "running")
-            assert "pass" in kinds  # logins over the reception's threshold went to other workers
-            assert any(x["decision"] in ("admit", "fallback") for x in grown["decisions"])
+            counts = grown["decision_counts"]  # the last decisions are mostly logins: count over all of them
+            assert counts.get("pass", 0) >= 1  # logins over the reception's threshold went to other workers
+            assert counts.get("admit", 0) + counts.get("fallback", 0) >= 1
         else:
             assert not any(w["announced"] for w in grown["workers"])
         time.sleep(1.0)
@@ -122,8 +122,8 @@ def test_load_grows_the_pool_and_it_compacts_back(daemons, tmp_path, sensorless)
     finally:
         users.halt()
     shrunk = _wait(d, lambda g: len(g["workers"]) == 1, 90, "compact back to min_workers")
-    kinds = [x["decision"] for x in shrunk["decisions"]]
-    assert kinds.count("compaction") >= 2 and kinds.count("retire") >= 2
+    counts = shrunk["decision_counts"]
+    assert counts["compaction"] >= 2 and counts["retire"] >= 2
     compaction = next(x for x in shrunk["decisions"] if x["decision"] == "compaction")
     assert {"C", "O", "H", "trigger"} <= set(compaction["numbers"])
     for cookie in users.cookies:  # every user still served after its worker was compacted away

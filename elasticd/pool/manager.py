@@ -345,6 +345,7 @@ class PoolManager:
                 "ledger": book.numbers(),
                 "workers": workers,
                 "decisions": entry.journal.last(),
+                "decision_counts": dict(entry.journal.counts),
             }
         return {"tenant": tenant, "app": app, "groups": groups}
 

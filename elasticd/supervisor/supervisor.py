@@ -9,7 +9,6 @@ and the error is reported. Workers whose definition did not change are not touch
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -21,7 +20,6 @@ from elasticd.supervisor.worker import Worker
 
 __all__ = ["ApplyResult", "Supervisor"]
 
-log = logging.getLogger("elasticd.supervisor")
 
 # How long a start or reload waits for new workers to accept connections before it reports them.
 START_WAIT = 30.0
@@ -180,9 +178,7 @@ class Supervisor:
                 self._launching.pop(worker.id, None)
         problems = [f"worker {w.id} is not routable ({w.state}) after {self.start_wait:g}s"
                     for w, ok in zip(fresh, ready, strict=True) if not ok]
-        for problem in problems:
-            log.error("%s", problem)
-        return fresh, problems
+        return fresh, problems  # the daemon logs them, with the rest of an activation's problems
 
     async def _start_group(self, key: GroupKey, want: Desired) -> list[str]:
         entry = self._groups[key] = _Group(want)
