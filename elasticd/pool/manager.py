@@ -21,7 +21,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from elasticd.config import Config, Pool
-from elasticd.pool.evaluator import Forward, Row, Window, components_of, history_of, occupancy, rates_of
+from elasticd.pool.evaluator import (
+    SMOOTHING_ROWS,
+    Forward,
+    Row,
+    Window,
+    components_of,
+    history_of,
+    occupancy,
+    rates_of,
+)
 from elasticd.pool.journal import Journal
 from elasticd.pool.ledger import ledger, plan_compaction
 from elasticd.pool.policy import Decision, WorkerView, check_capacity, place_login
@@ -236,6 +245,11 @@ class PoolManager:
     def _check_ledger(self, key: GroupKey, entry: _Group, views: Sequence[WorkerView]) -> None:
         if entry.draining or entry.spawning:
             return  # one change at a time: let the group settle and be measured again
+        # A worker without a full smoothing window has no reading yet: a newborn reads 0 so that it admits, but
+        # that 0 is not headroom. Compacting on it retired workers seconds after a scale-up, under the very load
+        # that caused it (seen in the VM). Anti-flapping is the window: wait until every worker has one.
+        if any(len(entry.windows[v.id].rows) < SMOOTHING_ROWS if v.id in entry.windows else True for v in views):
+            return
         plan = plan_compaction(views, self._user_loads(entry, views), entry.pool)
         if plan is None:
             return
