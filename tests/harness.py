@@ -205,7 +205,21 @@ class Daemon:
                 pass
         return alive
 
+    def _workers_of_this_daemon(self) -> list[int]:
+        """Every process whose ELASTIC_LISTEN points into this daemon's runtime dir: a worker the pool started
+        after the test last asked for status is not in seen_pids, and must not outlive a failed test either."""
+        prefix = f"unix:{self.runtime}/"
+        found = []
+        for process in psutil.process_iter(["pid"]):
+            try:
+                if process.environ().get("ELASTIC_LISTEN", "").startswith(prefix):
+                    found.append(process.pid)
+            except psutil.Error:
+                continue
+        return found
+
     def kill_leftovers(self) -> None:
+        self.seen_pids.update(self._workers_of_this_daemon())
         for pid in self.leftover_workers():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
