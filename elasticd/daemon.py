@@ -60,6 +60,7 @@ class Daemon:
         "_reload_lock",
         "_signals",
         "_stopping",
+        "_upstream_of",
         "api",
         "cgroups",
         "channel",
@@ -104,6 +105,7 @@ class Daemon:
         self._reload_lock = asyncio.Lock()
         self._signals: asyncio.Queue[str] = asyncio.Queue()
         self._stopping = False
+        self._upstream_of: dict[str, Upstream] = {}
 
     # ------------------------------------------------------------------ wiring for the parts
 
@@ -111,9 +113,17 @@ class Daemon:
         return {name: self.limits.resources_of(name) for name in self.config.tenants}
 
     def _upstreams(self, tenant: str, app: str, group: str) -> list[Upstream]:
+        """Called by the front for every request: one pass, and each worker's Upstream made once."""
         draining = self.pool.draining  # being compacted away: no new requests
-        return [Upstream(w.id, w.socket_path) for w in self.supervisor.routable(tenant, app, group)
-                if w.id not in draining]
+        cache = self._upstream_of
+        upstreams = []
+        for w in self.supervisor.workers_of((tenant, app, group)):
+            if w.routable and w.id not in draining:
+                upstream = cache.get(w.id)
+                if upstream is None:
+                    upstream = cache[w.id] = Upstream(w.id, w.socket_path)
+                upstreams.append(upstream)
+        return upstreams
 
     def _authenticate(self, worker_id: str, token: str, pid: int) -> str | None:
         """A channel peer is the worker it claims only with that worker's token and from its process tree."""
@@ -133,6 +143,8 @@ class Daemon:
             # a fresh window: its readings described another process.
             self.front.close_upstream(worker.id)
             self.pool.forget_worker(worker.id)
+            if worker.state == "stopped":  # gone for good (a restart keeps its id and socket path)
+                self._upstream_of.pop(worker.id, None)
 
     # ------------------------------------------------------------------ activation and reload
 

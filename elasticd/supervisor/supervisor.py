@@ -61,10 +61,6 @@ class Supervisor:
 
     # ------------------------------------------------------------------ views
 
-    def routable(self, tenant: str, app: str, group: str) -> list[Worker]:
-        entry = self._groups.get((tenant, app, group))
-        return [w for w in entry.workers if w.routable] if entry else []
-
     def workers(self) -> Iterable[Worker]:
         for entry in self._groups.values():
             yield from entry.workers
