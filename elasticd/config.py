@@ -184,6 +184,14 @@ def _fraction(value: Any) -> float:
     return float(value)
 
 
+def _share(value: Any) -> float:
+    """A share of a limit, in (0, 1]: 0 would hold every scale-up, over 1 none."""
+    share = _fraction(value)
+    if share == 0:
+        raise ValueError("0 is not a share of a limit (between 0, excluded, and 1)")
+    return share
+
+
 def _positive_number(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{_kind(value)} is not a number")
@@ -231,14 +239,16 @@ def _duration(value: Any) -> float:
 # --------------------------------------------------------------------------------------------- sections
 
 _SERVER_KEYS = ("listen", "metrics_listen", "admin_socket", "admin_group", "runtime_dir", "cgroups",
-                "sample_interval", "occupancy_interval", "request_timeout", "stop_timeout", "user_ttl")
+                "sample_interval", "occupancy_interval", "request_timeout", "stop_timeout", "user_ttl",
+                "hung_after")
 _TENANT_KEYS = ("resources", "quotas", "apps")
 _RESOURCE_KEYS = ("cpu", "memory", "swap", "pids", "io_weight", "io_bandwidth")
 _QUOTA_KEYS = ("max_concurrent_requests", "requests_per_second", "burst")
 _APP_KEYS = ("domains", "root", "default_group", "groups")
 _GROUP_KEYS = ("command", "python", "env", "concurrency", "pool")
 _POOL_KEYS = ("min_workers", "max_workers", "reception_threshold", "admission_threshold",
-              "compaction_margin", "memory_limit")
+              "compaction_margin", "memory_limit", "drain_timeout", "cpu_held_at", "throttled_held_at",
+              "memory_held_at", "pids_held_at")
 
 
 def _server(walk: _Walk, node: Any, line: int | None) -> Server:
@@ -249,6 +259,15 @@ def _server(walk: _Walk, node: Any, line: int | None) -> Server:
         mode=walk.value(cg, "mode", "server.cgroups", _mode, "auto"),
         path=walk.value(cg, "path", "server.cgroups", _absolute_path, None),
     )
+    occupancy_interval = walk.value(m, "occupancy_interval", "server", _duration, d.occupancy_interval)
+    hung_after = walk.value(m, "hung_after", "server", _duration, d.hung_after)
+    # Three reports missed is the least evidence of silence; a shorter hung_after would kill workers whose
+    # reports are merely late. Said, not silently raised: the operator asked for something that cannot hold.
+    if hung_after < 3 * occupancy_interval - 1e-9:  # (3 * 200ms is 0.6000000000000001 in floats)
+        where = "hung_after" if "hung_after" in m else "occupancy_interval"
+        walk.error(f"server.{where}", walk.key_line(m, where) or line,
+                   f"hung_after ({hung_after:g}s) must be at least 3 occupancy intervals "
+                   f"({3 * occupancy_interval:g}s): a worker is called hung only after 3 missed reports")
     return Server(
         listen=walk.value(m, "listen", "server", _address, d.listen),
         metrics_listen=walk.value(m, "metrics_listen", "server", _address, d.metrics_listen),
@@ -257,10 +276,11 @@ def _server(walk: _Walk, node: Any, line: int | None) -> Server:
         runtime_dir=walk.value(m, "runtime_dir", "server", _absolute_path, d.runtime_dir),
         cgroups=cgroups,
         sample_interval=walk.value(m, "sample_interval", "server", _duration, d.sample_interval),
-        occupancy_interval=walk.value(m, "occupancy_interval", "server", _duration, d.occupancy_interval),
+        occupancy_interval=occupancy_interval,
         request_timeout=walk.value(m, "request_timeout", "server", _duration, d.request_timeout),
         stop_timeout=walk.value(m, "stop_timeout", "server", _duration, d.stop_timeout),
         user_ttl=walk.value(m, "user_ttl", "server", _duration, d.user_ttl),
+        hung_after=hung_after,
     )
 
 
@@ -322,13 +342,21 @@ def _quotas(walk: _Walk, node: Any, path: str, line: int | None) -> Quotas:
 def _pool(walk: _Walk, node: Any, path: str, line: int | None) -> Pool:
     m = walk.mapping(node, path, line, _POOL_KEYS)
     d = Pool()
+    # `max_workers: null` (or "max") is unbounded, as in seed 000; only an absent key takes the default.
+    unbounded = "max_workers" in m and m["max_workers"] is None
     pool = Pool(
         min_workers=walk.value(m, "min_workers", path, _int(1, 1000), d.min_workers),
-        max_workers=walk.value(m, "max_workers", path, _int(1, 1000, allow_max=True), d.max_workers),
+        max_workers=None if unbounded else walk.value(m, "max_workers", path, _int(1, 1000, allow_max=True),
+                                                      d.max_workers),
         reception_threshold=walk.value(m, "reception_threshold", path, _fraction, d.reception_threshold),
         admission_threshold=walk.value(m, "admission_threshold", path, _fraction, d.admission_threshold),
         compaction_margin=walk.value(m, "compaction_margin", path, _positive_number, d.compaction_margin),
         memory_limit=walk.value(m, "memory_limit", path, lambda v: parse_size(v, allow_zero=False), None),
+        drain_timeout=walk.value(m, "drain_timeout", path, _duration, d.drain_timeout),
+        cpu_held_at=walk.value(m, "cpu_held_at", path, _share, d.cpu_held_at),
+        throttled_held_at=walk.value(m, "throttled_held_at", path, _share, d.throttled_held_at),
+        memory_held_at=walk.value(m, "memory_held_at", path, _share, d.memory_held_at),
+        pids_held_at=walk.value(m, "pids_held_at", path, _share, d.pids_held_at),
     )
     if pool.max_workers is not None and pool.min_workers > pool.max_workers:
         walk.error(f"{path}.min_workers", walk.key_line(m, "min_workers") or line,

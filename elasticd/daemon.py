@@ -2,8 +2,15 @@
 
 Start: validate the config, claim the cgroup base (moving elasticd into ``<base>/server`` before anything
 else when the base is its own cgroup), write every limit, start the workers, then ``READY=1``. Signals are
-queued and dispatched by name (``SIGHUP`` → reload, ``SIGTERM``/``SIGINT`` → stop), so a handler never
-runs inside another. Reload goes through one function whether it comes from SIGHUP or ``POST /v1/reload``.
+dispatched by name (``SIGHUP`` → a reload, ``SIGTERM``/``SIGINT`` → stop). Reloads run one at a time as
+tasks, whether they come from SIGHUP or ``POST /v1/reload``; a stop never waits behind one: it cancels the
+activation or reload under way (a reload can wait up to 30 s for new workers to become routable) and shuts
+down at once.
+
+The shutdown is bounded, in this order: the front stops accepting and lets answers under way finish (up to
+``stop_timeout``); then every worker elasticd ever started and has not stopped — in a group, being launched,
+draining, being replaced — gets SIGTERM at once, and SIGKILL after ``stop_timeout``; then the leaves are
+emptied (cgroup.kill), then the admin API, the channel and the metrics close.
 """
 
 from __future__ import annotations
@@ -12,11 +19,12 @@ import argparse
 import asyncio
 import hmac
 import logging
+import math
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,8 +38,10 @@ from elasticd.config import Config, ConfigError, Quotas, Resources, load_config
 from elasticd.front import Front, RouteTable, Upstream
 from elasticd.metrics import MetricsServer
 from elasticd.overrides import effective
+from elasticd.pool.budget import CPU_SAMPLES, UNLIMITED, Budget, budget_of
 from elasticd.pool.channel import ChannelServer
 from elasticd.pool.collector import PoolCollector
+from elasticd.pool.evaluator import SMOOTHING_ROWS
 from elasticd.pool.manager import PoolManager
 from elasticd.pool.sensing import in_process_tree
 from elasticd.runtime_limits import LimitsReply, RuntimeLimits
@@ -58,8 +68,8 @@ class ReloadResult:
 class Daemon:
     __slots__ = (
         "_reload_lock",
-        "_signals",
-        "_stopping",
+        "_stop",
+        "_tasks",
         "_upstream_of",
         "api",
         "cgroups",
@@ -92,8 +102,10 @@ class Daemon:
                                     lambda t: self.cgroups.write_tenant(self.config, t, self.limits.resources_of(t)),
                                     self.reload)
         self.pool = PoolManager(self.supervisor, self.front.surface, self.front.accounting,
-                                interval=server.occupancy_interval)
+                                interval=server.occupancy_interval, hung_after=server.hung_after,
+                                budget=self._budget, tunnels=self.front.tunnels_by_worker)
         self.front.on_login = self.pool.on_login
+        self.supervisor.drain = lambda workers, timeout: self.pool.wait_drained([w.id for w in workers], timeout)
         self.channel = ChannelServer(os.path.join(server.runtime_dir, "channel.sock"), self._authenticate,
                                      self.pool.on_report)
         self.sampler = Sampler()
@@ -103,14 +115,21 @@ class Daemon:
         self.started_at = time.time()
         self.last_reload: ReloadResult | None = None
         self._reload_lock = asyncio.Lock()
-        self._signals: asyncio.Queue[str] = asyncio.Queue()
-        self._stopping = False
+        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()  # activations, reloads, cgroup removals: cancelled at stop
         self._upstream_of: dict[str, Upstream] = {}
 
     # ------------------------------------------------------------------ wiring for the parts
 
     def _limits_in_force(self) -> dict[str, Resources]:
         return {name: self.limits.resources_of(name) for name in self.config.tenants}
+
+    def _budget(self, tenant: str) -> Budget:
+        """The tenant's cgroup budget for the pool: the sampler's recent samples and the limits in force
+        (none when cgroups are not enforced: then no limit is real, and none holds a scale-up)."""
+        if not self.cgroups.enforced or tenant not in self.config.tenants:
+            return UNLIMITED
+        return budget_of(self.sampler.history(("tenant", tenant)), self.limits.resources_of(tenant))
 
     def _upstreams(self, tenant: str, app: str, group: str) -> list[Upstream]:
         """Called by the front for every request: one pass, and each worker's Upstream made once."""
@@ -145,6 +164,7 @@ class Daemon:
             self.pool.forget_worker(worker.id)
             if worker.state == "stopped":  # gone for good (a restart keeps its id and socket path)
                 self._upstream_of.pop(worker.id, None)
+                self.front.forget_worker(worker.id)  # its forward counters too
 
     # ------------------------------------------------------------------ activation and reload
 
@@ -158,10 +178,15 @@ class Daemon:
         self.front.set_quotas(_quotas(config))
         self.front.configure(request_timeout=config.server.request_timeout, user_ttl=config.server.user_ttl)
         self.pool.apply(config)
+        # The budget reads rates over two sampler intervals and memory events over one smoothing window.
+        server = config.server
+        self.sampler.set_keep(max(CPU_SAMPLES, math.ceil(SMOOTHING_ROWS * server.occupancy_interval
+                                                         / server.sample_interval) + 1))
         result = await self.supervisor.apply(config)
         problems.extend(result.problems)
         if previous is not None:
-            await self.cgroups.remove_dropped(previous, config)
+            if result.retired:  # removed apps and tenants: their cgroups go once their workers have drained
+                self._track(self._remove_when_drained(previous, result.retired))
         else:
             await self.cgroups.remove_stale(config)
         # Reopened here: a reload may have added or removed cgroups under the sampler's descriptors.
@@ -171,8 +196,28 @@ class Daemon:
             log.error("%s", problem)
         return problems
 
+    async def _remove_when_drained(self, previous: Config, retired: list[asyncio.Task[None]]) -> None:
+        await asyncio.gather(*retired, return_exceptions=True)
+        # Against the config running now, not the one of that reload: a later reload may have brought it back.
+        await self.cgroups.remove_dropped(previous, lambda: self.config)
+
+    def _track(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a background task of the daemon failed", exc_info=task.exception())
+
     async def reload(self) -> ReloadResult:
-        """Parse and validate first: an invalid file changes nothing and its error is returned and logged."""
+        """Parse and validate first: an invalid file changes nothing and its error is returned and logged.
+        A task of its own, so that a stop can cancel it wherever it is."""
+        return await self._track(self._reload())
+
+    async def _reload(self) -> ReloadResult:
         async with self._reload_lock:
             self.notifier.reloading()
             try:
@@ -269,35 +314,49 @@ class Daemon:
             return 1
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self._signals.put_nowait, signum.name)
-        await self._activate(self.config, None)
-        sampling = asyncio.create_task(self.sampler.run(self.config.server.sample_interval), name="sampler")
-        sensing = asyncio.create_task(self.pool.run(), name="pool sensing")
-        self.notifier.ready(self.supervisor.summary())
-        self.notifier.start_watchdog()
-        log.info("elasticd %s ready: front on %s, %s", __version__, self.config.server.listen,
-                 self.supervisor.summary())
-        while not self._stopping:
-            name = await self._signals.get()
-            await getattr(self, f"_on_{name.lower()}")()
-        sampling.cancel()
-        sensing.cancel()
+            loop.add_signal_handler(signum, self._on_signal, signum.name)
+        activation = self._track(self._activate(self.config, None))
+        stop = loop.create_task(self._stop.wait())
+        await asyncio.wait({activation, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if activation.done() and not activation.cancelled() and activation.exception() is not None:
+            stop.cancel()
+            await self._shutdown()
+            raise activation.exception()  # type: ignore[misc]  # a bug of ours: say so, as before
+        if not self._stop.is_set():
+            self._track(self.sampler.run(self.config.server.sample_interval))
+            self._track(self.pool.run())
+            self.notifier.ready(self.supervisor.summary())
+            self.notifier.start_watchdog()
+            log.info("elasticd %s ready: front on %s, %s", __version__, self.config.server.listen,
+                     self.supervisor.summary())
+            await stop
         await self._shutdown()
         return 0
 
-    async def _on_sighup(self) -> None:
-        await self.reload()
+    def _on_signal(self, name: str) -> None:
+        getattr(self, f"_on_{name.lower()}")()
 
-    async def _on_sigterm(self) -> None:
-        self._stopping = True
+    def _on_sighup(self) -> None:
+        self._track(self.reload())
+
+    def _on_sigterm(self) -> None:
+        self._stop.set()
 
     _on_sigint = _on_sigterm
 
     async def _shutdown(self) -> None:
         self.notifier.stopping()
         log.info("stopping")
+        self._stop.set()
+        # What may still start or stop workers goes first: activations, reloads, the pool's retires.
+        self.supervisor.stopping = True
+        for task in list(self._tasks):
+            task.cancel()
+        self.pool.stop()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.notifier.stop_watchdog()
-        await self.front.stop(self.config.server.stop_timeout)
+        grace = self.config.server.stop_timeout
+        await self.front.stop(grace)
         await self.supervisor.stop_all()
         await self.cgroups.drain_all(self.config)
         await self.api.stop()

@@ -9,7 +9,6 @@ exits: a limit is only proven by something that stays.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 import signal
 import stat
@@ -20,6 +19,7 @@ import time
 
 from aiohttp import web
 
+from elasticd.aiohttp_grace import grace
 from elasticd.worker import setup
 
 MAX_MS, MAX_FORK, PAGE = 600_000, 100_000, 4096
@@ -188,16 +188,13 @@ async def serve(listen: str) -> None:
     host, _, port = where.rpartition(":")
     if not ((kind == "unix" and where) or (kind == "tcp" and port.isdigit())):
         raise SystemExit(f"ELASTIC_LISTEN={listen!r}: expected unix:/path or tcp:HOST:PORT")
-    # aiohttp >= 3.9 takes the shutdown grace on the runner, 3.8 (Debian bookworm) on the site.
-    on_runner = "shutdown_timeout" in inspect.signature(web.BaseRunner.__init__).parameters
-    grace: dict[str, float] = {"shutdown_timeout": 5.0}
-    runner = web.AppRunner(make_app(), access_log=None, **(grace if on_runner else {}))
+    on_runner, on_site = grace(5.0)
+    runner = web.AppRunner(make_app(), access_log=None, **on_runner)
     await runner.setup()
     if kind == "unix" and os.path.exists(where) and stat.S_ISSOCK(os.lstat(where).st_mode):
         os.unlink(where)  # stale socket of a previous run: binding would fail on it
-    site_grace: dict[str, float] = {} if on_runner else grace
-    await (web.UnixSite(runner, where, **site_grace) if kind == "unix"
-           else web.TCPSite(runner, host.strip("[]"), int(port), **site_grace)).start()
+    await (web.UnixSite(runner, where, **on_site) if kind == "unix"
+           else web.TCPSite(runner, host.strip("[]"), int(port), **on_site)).start()
     print(f"demo worker {WORKER} listening on {listen}", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

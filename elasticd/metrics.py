@@ -23,6 +23,7 @@ from prometheus_client.process_collector import ProcessCollector
 from elasticd import __version__
 from elasticd.accounting.collector import AccountingCollector, SampleSource
 from elasticd.accounting.exposition import expose
+from elasticd.aiohttp_grace import grace
 from elasticd.config import Address, Resources
 
 __all__ = ["AccountingCollector", "Collector", "MetricsServer", "SampleSource"]
@@ -112,9 +113,10 @@ class MetricsServer:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elasticd-metrics")
-        self._runner = web.AppRunner(app, access_log=None)
+        on_runner, on_site = grace(1.0)  # a scrape in progress at a stop is not worth waiting for
+        self._runner = web.AppRunner(app, access_log=None, **on_runner)
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.address.host, self.address.port).start()
+        await web.TCPSite(self._runner, self.address.host, self.address.port, **on_site).start()
         self.port = _bound_port(self._runner) or self.address.port
         log.info("metrics on http://%s/metrics", Address(self.address.host, self.port))
 

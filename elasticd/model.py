@@ -39,6 +39,7 @@ class Server:
     request_timeout: float = 60.0
     stop_timeout: float = 10.0
     user_ttl: float = 1800.0
+    hung_after: float = 30.0  # silent AND making no progress this long = hung (never under 3 intervals)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,11 +66,19 @@ class Quotas:
 @dataclass(frozen=True, slots=True)
 class Pool:
     min_workers: int = 1
-    max_workers: int | None = 4  # None: unbounded
+    max_workers: int | None = 4  # None (`null` or "max" in the file): unbounded, as seed 000 says
     reception_threshold: float = 0.5
     admission_threshold: float = 0.8
     compaction_margin: float = 1.5
     memory_limit: int | None = None
+    drain_timeout: float = 300.0  # a retired worker's open requests and tunnels get this long to finish
+    # A scale-up is held (not made) when the tenant's cgroup could give a new worker nothing: its CPU usage at
+    # this share of its cpu.max, or throttled in this share of its periods; memory.current plus one more
+    # worker's RSS over this share of memory.max; pids.current plus one more worker's over this share of pids.max.
+    cpu_held_at: float = 0.9
+    throttled_held_at: float = 0.5
+    memory_held_at: float = 0.9
+    pids_held_at: float = 0.9
 
 
 @dataclass(frozen=True, slots=True)

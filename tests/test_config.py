@@ -346,3 +346,60 @@ def test_worker_socket_paths_must_fit_a_unix_socket():
                   green: {{command: [app]}}
         """)
     assert any(f"tenants.{long}.apps.{long}.groups.green (line 10): its workers' socket paths" in e for e in errors)
+
+
+GROUP_WITH_POOL = """\
+tenants:
+  acme:
+    apps:
+      shop:
+        domains: [shop.localhost]
+        root: /srv/shop
+        groups:
+          green:
+            command: [app]
+            pool: {pool}
+"""
+
+
+def test_max_workers_null_or_max_is_unbounded_and_absent_is_four():
+    for spelling in ("{max_workers: null}", "{max_workers: max}", "{max_workers: ~}"):
+        config = parse_config(GROUP_WITH_POOL.format(pool=spelling))
+        assert config.tenants["acme"].apps["shop"].groups["green"].pool.max_workers is None, spelling
+    config = parse_config(GROUP_WITH_POOL.format(pool="{min_workers: 1}"))
+    assert config.tenants["acme"].apps["shop"].groups["green"].pool.max_workers == 4
+
+
+def test_the_pools_drain_and_hold_keys():
+    config = parse_config(GROUP_WITH_POOL.format(
+        pool="{drain_timeout: 2m, cpu_held_at: 0.8, throttled_held_at: 0.6, memory_held_at: 0.95, pids_held_at: 1}"))
+    pool = config.tenants["acme"].apps["shop"].groups["green"].pool
+    assert (pool.drain_timeout, pool.cpu_held_at, pool.throttled_held_at, pool.memory_held_at,
+            pool.pids_held_at) == (120.0, 0.8, 0.6, 0.95, 1.0)
+    defaults = parse_config(GROUP_WITH_POOL.format(pool="{}")).tenants["acme"].apps["shop"].groups["green"].pool
+    assert (defaults.drain_timeout, defaults.cpu_held_at, defaults.throttled_held_at, defaults.memory_held_at,
+            defaults.pids_held_at) == (300.0, 0.9, 0.5, 0.9, 0.9)
+
+
+@pytest.mark.parametrize(("pool", "expected"), [
+    ("{cpu_held_at: 0}", "pool.cpu_held_at (line 10): 0 is not a share of a limit"),
+    ("{memory_held_at: 1.2}", "pool.memory_held_at (line 10): 1.2 is not between 0 and 1"),
+    ("{drain_timeout: soon}", 'pool.drain_timeout (line 10): "soon" is not a duration'),
+    ("{pids_held_at: yes}", 'pool.pids_held_at (line 10): "yes" is not a number'),
+])
+def test_pool_hold_key_refusals(pool, expected):
+    with pytest.raises(ConfigError) as info:
+        parse_config(GROUP_WITH_POOL.format(pool=pool))
+    assert expected in str(info.value)
+
+
+def test_hung_after_defaults_to_30s_and_never_under_three_intervals():
+    assert parse_config("").server.hung_after == 30.0
+    assert parse_config("server: {occupancy_interval: 200ms, hung_after: 600ms}").server.hung_after == 0.6
+    with pytest.raises(ConfigError) as info:
+        parse_config("server:\n  occupancy_interval: 5s\n  hung_after: 10s\n")
+    assert str(info.value) == ("server.hung_after (line 3): hung_after (10s) must be at least 3 occupancy "
+                               "intervals (15s): a worker is called hung only after 3 missed reports")
+    with pytest.raises(ConfigError) as info:  # the default hung_after against a long interval: names the interval
+        parse_config("server:\n  occupancy_interval: 20s\n")
+    assert str(info.value).startswith("server.occupancy_interval (line 2): hung_after (30s) must be at least")

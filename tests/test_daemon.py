@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 from harness import PYTHON
@@ -155,14 +156,25 @@ def test_removed_app_is_drained_and_its_cgroup_removed(daemons, tmp_path):
     d = daemons(tenants(tmp_path))
     d.start()
     blog = [w["pid"] for w in d.workers("globex", "blog", "main")]
+    # A request open on the removed app's worker when the reload comes: it finishes, then the worker stops.
+    answer: dict[str, object] = {}
+    slow = threading.Thread(target=lambda: answer.update(r=d.get("blog.localhost", "/sleep?ms=2000")))
+    slow.start()
+    time.sleep(0.5)
     text = tenants(tmp_path)
     d.write_config(text[: text.index("  globex:")])
     d.reload()
-    assert not (d.cgroup / "tenants" / "globex").exists()
     assert "globex" not in d.status()["tenants"]
-    assert d.get("blog.localhost")[0] == 404
+    assert d.get("blog.localhost")[0] == 404  # its routes went at once
+    assert all(not _gone(pid, 0.1) for pid in blog)  # its worker waits for the open request
+    slow.join(10)
+    assert answer["r"][0] == 200 and "slept_ms" in answer["r"][1]
     for pid in blog:
         assert _gone(pid)
+    deadline = time.monotonic() + 10
+    while (d.cgroup / "tenants" / "globex").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not (d.cgroup / "tenants" / "globex").exists()
 
 
 def test_killed_worker_is_restarted(daemons, tmp_path):

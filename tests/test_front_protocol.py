@@ -208,7 +208,7 @@ def test_a_login_asks_the_pool_where_the_user_lives(tmp_path: Path) -> None:
         asked: list[tuple[tuple[str, str, str], str]] = []
         async with upstream_app(tmp_path / "a.sock", worker("a"), "a") as a, \
                 upstream_app(tmp_path / "b.sock", worker("b"), "b") as b, front(a + b) as f, client(f) as request:
-            f.on_login = lambda key, user: asked.append((key, user)) or "b"  # the pool passes logins to b
+            f.on_login = lambda key, user, worker, placed: asked.append((key, user)) or "b"  # the pool passes to b
             served = []
             async with request("/") as resp:
                 user = resp.cookies["elastic_uid"].value

@@ -130,7 +130,7 @@ async def test_the_library_client_announces_and_pushes(channel):
                 break
             await asyncio.sleep(0.02)
     finally:
-        await client.stop()
+        client.stop()
     first, second = registry.reports[0][1], registry.reports[1][1]
     assert first.cpu is None and second.cpu is not None  # the first tick has no delta
     assert second.executor.busy == 1 and second.executor.total == 4

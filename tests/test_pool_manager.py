@@ -1,8 +1,12 @@
-"""The pool's shell with stand-ins for the supervisor and the front: what it does when reports arrive."""
+"""The pool's shell with stand-ins for the supervisor and the front: what it does when reports arrive, when a
+login comes, when the tenant's cgroup binds, when a worker is silent, and when a drained worker holds a tunnel."""
 
 from __future__ import annotations
 
+import asyncio
+
 from elasticd.config import App, Config, Group, Pool, Quotas, Resources, Server, Tenant
+from elasticd.pool.budget import UNLIMITED, Budget, Reading
 from elasticd.pool.manager import PoolManager
 from elasticd.pool.report import Executor, Report
 
@@ -21,12 +25,17 @@ class Supervisor:
     def __init__(self, n: int) -> None:
         self.workers = [Worker(i) for i in range(1, n + 1)]
         self.retired: list[str] = []
+        self.replaced: list[str] = []
+        self.elsewhere = 0  # workers held for the group outside its list (starting, draining, replaced)
 
     def workers_of(self, key):
         return list(self.workers)
 
+    def held(self, key):
+        return len(self.workers) + self.elsewhere
+
     def add_worker(self, key):
-        worker = Worker(len(self.workers) + 1)
+        worker = Worker(len(self.workers) + len(self.retired) + 1)
         worker.routable = False
         self.workers.append(worker)
         return worker
@@ -35,38 +44,58 @@ class Supervisor:
         self.retired.append(worker_id)
         self.workers = [w for w in self.workers if w.id != worker_id]
 
+    async def replace_worker(self, worker_id):
+        self.replaced.append(worker_id)
+
 
 class Counters:
-    requests = errors = 0
-    seconds = 0.0
+    def __init__(self) -> None:
+        self.requests = self.errors = self.answered = 0
+        self.seconds = 0.0
 
 
 class Accounting:
+    def __init__(self) -> None:
+        self.counters: dict[str, Counters] = {}
+        self.open: dict[str, int] = {}
+        self.oldest: dict[str, float] = {}
+
     def worker(self, worker_id):
-        return Counters()
+        return self.counters.setdefault(worker_id, Counters())
 
     def open_by_worker(self):
-        return {}
+        return dict(self.open)
+
+    def oldest_open_by_worker(self):
+        return dict(self.oldest)
+
+
+class User:
+    def __init__(self, worker: str, login: str | None) -> None:
+        self.worker, self.login, self.seconds = worker, login, 0.0
 
 
 class Surface:
     def __init__(self) -> None:
-        self.users: dict[str, str] = {}
+        self.users: dict[str, User] = {}
 
     def on(self, worker):
-        return []
+        return [(u, rec) for u, rec in self.users.items() if rec.worker == worker]
 
     def assign(self, user, worker, now):
-        self.users[user] = worker
+        self.users.setdefault(user, User(worker, None)).worker = worker
 
 
-def manager(n: int) -> tuple[PoolManager, Supervisor]:
-    pool = Pool(min_workers=1, max_workers=4)
+def manager(n: int, *, pool: Pool | None = None, budget=None, tunnels=None, tree_cpu=None, resources=None,
+            hung_after: float = 3.0) -> tuple[PoolManager, Supervisor]:
+    pool = pool or Pool(min_workers=1, max_workers=4)
     group = Group(name="green", command=("app",), pool=pool)
     app = App(name="shop", domains=("shop.localhost",), root="/", default_group="green", groups={"green": group})
-    config = Config(server=Server(), tenants={"acme": Tenant("acme", Resources(), Quotas(), {"shop": app})})
+    config = Config(server=Server(occupancy_interval=1.0, hung_after=hung_after),
+                    tenants={"acme": Tenant("acme", resources or Resources(), Quotas(), {"shop": app})})
     supervisor = Supervisor(n)
-    m = PoolManager(supervisor, Surface(), Accounting(), interval=1.0)
+    m = PoolManager(supervisor, Surface(), Accounting(), interval=1.0, budget=budget, tunnels=tunnels,
+                    tree_cpu=tree_cpu or (lambda pid: 0.0))
     m.apply(config)
     return m, supervisor
 
@@ -100,3 +129,113 @@ async def test_a_lone_busy_reception_scales_up_once():
     state = m.describe("acme", "shop", lambda w: [])["groups"]["green"]
     assert state["decision_counts"]["scale-up"] == 1
     assert [w["spawning"] for w in state["workers"]] == [False, True]
+
+
+def busy() -> Report:
+    return Report(cpu=0.5, executor=Executor(busy=2, total=8))
+
+
+def cpu_bound(quota: float, used: float) -> Budget:
+    throttled = 0.9 if used >= 0.9 * quota else 0.0
+    return Budget(quota, None, None, Reading(10.0, used, throttled, None, {}, None, {}))
+
+
+async def test_a_scale_up_the_tenants_cpu_max_would_starve_is_held_once_then_made_when_the_limit_rises():
+    budget = {"now": cpu_bound(0.5, 0.5)}
+    m, supervisor = manager(1, budget=lambda tenant: budget["now"])
+    for t in range(8):
+        m.on_report("acme.shop.green.1", busy(), float(t))  # 0.5 core against a 0.5-core wall: saturated
+    state = m.describe("acme", "shop", lambda w: [])["groups"]["green"]
+    assert len(supervisor.workers) == 1
+    assert state["decision_counts"] == {"held": 1}  # one journal entry per hold, not one per report
+    assert state["held"]["resources"] == ["cpu"] and state["cpu_wall"] == 0.5
+    assert m.limits_bound() == {("acme", "shop", "green"): frozenset({"cpu"})}
+    held = next(d for d in state["decisions"] if d["decision"] == "held")
+    assert held["numbers"]["limits"]["cpu"]["usage_share"] == 1.0
+    budget["now"] = cpu_bound(2.0, 0.5)  # elasticctl limit acme --cpu 200%
+    busier = Report(cpu=1.0, executor=Executor(busy=4, total=8))
+    for t in range(8, 14):
+        m.on_report("acme.shop.green.1", busier, float(t))
+    assert len(supervisor.workers) == 2
+    assert m.limits_bound() == {("acme", "shop", "green"): frozenset()}
+    assert m.describe("acme", "shop", lambda w: [])["groups"]["green"]["cpu_wall"] == 1.0
+
+
+async def test_max_workers_counts_every_worker_the_supervisor_holds():
+    m, supervisor = manager(2, pool=Pool(min_workers=1, max_workers=3))
+    supervisor.elsewhere = 1  # one more, draining or in backoff: 3 held of max 3
+    for t in range(8):
+        for w in supervisor.workers:
+            m.on_report(w.id, Report(cpu=1.0, executor=Executor(busy=8, total=8)), float(t))
+    assert len(supervisor.workers) == 2
+
+
+async def test_placement_happens_once():
+    m, _ = manager(2)
+    key = ("acme", "shop", "green")
+    idle_reception = Report(cpu=0.1, executor=Executor(busy=0, total=8))
+    for t in range(6):
+        m.on_report("acme.shop.green.1", idle_reception, float(t))
+        m.on_report("acme.shop.green.2", idle_reception, float(t))
+    assert m.on_login(key, "u1", "acme.shop.green.1", False) is None  # kept: stays, nobody re-pointed
+    assert m.on_login(key, "u2", "acme.shop.green.2", True) is None  # on b, logs in again: not pulled back
+    for t in range(6, 12):
+        m.on_report("acme.shop.green.1", Report(cpu=0.9, executor=Executor(busy=7, total=8)), float(t))
+    assert m.on_login(key, "u1", "acme.shop.green.1", True) is None  # kept earlier: not moved away now
+    assert m.on_login(key, "u3", "acme.shop.green.1", False) == "acme.shop.green.2"  # a new login is passed
+    counts = m.describe("acme", "shop", lambda w: [])["groups"]["green"]["decision_counts"]
+    assert counts == {"keep": 1, "pass": 1, "admit": 1}
+
+
+async def test_a_silent_worker_burning_cpu_is_not_hung_a_stopped_one_is():
+    clock = {"now": 0.0}
+    cpu = {1000 + 1: 0.0, 1000 + 2: 3.0}
+    m, supervisor = manager(2, tree_cpu=lambda pid: cpu[pid], hung_after=3.0)
+    m._clock = lambda: clock["now"]
+    m.on_report("acme.shop.green.1", idle(), 0.0)
+    m.on_report("acme.shop.green.2", idle(), 0.0)
+    for t in range(1, 10):  # no report from either after t=0
+        clock["now"] = float(t)
+        cpu[1001] += 0.9  # busy in a handler
+        m.sense()
+        await asyncio.sleep(0)
+    assert supervisor.replaced == ["acme.shop.green.2"]
+    hung = next(d for d in m.describe("acme", "shop", lambda w: [])["groups"]["green"]["decisions"]
+                if d["decision"] == "hung")
+    assert hung["worker"] == "acme.shop.green.2" and hung["numbers"]["no_progress_seconds"] >= 3.0
+
+
+async def test_a_drained_worker_holding_a_tunnel_waits_for_it():
+    open_tunnels = {"acme.shop.green.2": 1}
+    m, supervisor = manager(2, tunnels=lambda: dict(open_tunnels))
+    for t in range(6):
+        for w in supervisor.workers:
+            m.on_report(w.id, idle(), float(t))
+    assert m.draining == {"acme.shop.green.2"}  # the only candidate: its drain waits for the tunnel
+    await asyncio.sleep(0.3)
+    assert supervisor.retired == []
+    open_tunnels.clear()
+    for _ in range(50):
+        await asyncio.sleep(0.05)
+        if supervisor.retired:
+            break
+    assert supervisor.retired == ["acme.shop.green.2"]
+    retire = next(d for d in m.describe("acme", "shop", lambda w: [])["groups"]["green"]["decisions"]
+                  if d["decision"] == "retire")
+    assert retire["reason"] == "drained: nothing open on it" and retire["numbers"]["waited_seconds"] >= 0.3
+
+
+async def test_guests_are_not_moved_by_compaction():
+    m, supervisor = manager(2)
+    m._surface.users = {"guest": User("acme.shop.green.2", None), "alice": User("acme.shop.green.2", "alice")}
+    for t in range(6):
+        for w in supervisor.workers:
+            m.on_report(w.id, idle(), float(t))
+    assert m.draining == {"acme.shop.green.2"}
+    assert m._surface.users["alice"].worker == "acme.shop.green.1"
+    assert m._surface.users["guest"].worker == "acme.shop.green.2"  # re-placed on the reception by the front
+
+
+def test_unlimited_is_the_default_budget():
+    m, _ = manager(1)
+    assert m._budget("acme") is UNLIMITED

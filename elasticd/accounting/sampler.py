@@ -3,6 +3,8 @@
 The daemon calls ``set_targets`` after each activation and runs ``run(interval)`` as a task. A pass is
 synchronous and cheap (persistent descriptors, see files.py): no threads, no per-scrape reads; /metrics
 serves ``latest``, a dict replaced whole at the end of each pass, so a reader never sees half a pass.
+The last ``keep`` samples of each cgroup are kept too (``history``): the pool's cgroup budget reads rates
+and event counts over them without a read of its own.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import logging
 import os
 import resource
 import time
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from .files import CgroupFiles
@@ -75,10 +78,13 @@ def ensure_fd_budget(needed: int) -> bool:
 
 
 class Sampler:
-    __slots__ = ("_files", "_latest", "_pass", "_skip", "_tick", "last_duration", "last_ts", "sys_root")
+    __slots__ = ("_files", "_history", "_latest", "_pass", "_skip", "_tick", "keep", "last_duration", "last_ts",
+                 "sys_root")
 
-    def __init__(self, sys_root: str = "/sys") -> None:
+    def __init__(self, sys_root: str = "/sys", keep: int = 2) -> None:
         self.sys_root = sys_root
+        self.keep = max(keep, 1)
+        self._history: dict[Key, deque[Sample]] = {}
         self._files: dict[Key, CgroupFiles] = {}
         self._pass: list[tuple[Key, CgroupFiles, SampleBuilder]] = []  # what a tick walks, flat
         self._latest: dict[Key, Sample] = {}
@@ -91,6 +97,14 @@ class Sampler:
     def latest(self) -> Mapping[Key, Sample]:
         """The last pass's samples; a cgroup absent in that pass has a Sample with every value None."""
         return self._latest
+
+    def history(self, key: Key) -> Sequence[Sample]:
+        """The last ``keep`` samples of one cgroup, oldest first (empty when it is not sampled)."""
+        return self._history.get(key, ())
+
+    def set_keep(self, keep: int) -> None:
+        self.keep = max(keep, 1)
+        self._history = {key: deque(samples, maxlen=self.keep) for key, samples in self._history.items()}
 
     @property
     def targets(self) -> Mapping[Key, Path]:
@@ -116,6 +130,9 @@ class Sampler:
                 files.close()
         self._files = new
         self._latest = {key: sample for key, sample in self._latest.items() if key in new}
+        # A cgroup re-made at the same key keeps its history: its counters restart and the budget reads a
+        # decrease as a reset (no rate), which is the truth for one interval.
+        self._history = {key: samples for key, samples in self._history.items() if key in new}
         self._skip = stacked_devices(self.sys_root)
         # Fresh builders: the stacked devices may have changed, and a new target has nothing to compare to.
         self._pass = [(key, files, SampleBuilder(self._skip)) for key, files in new.items()]
@@ -126,7 +143,13 @@ class Sampler:
         started = time.perf_counter()
         self._tick += 1
         tick = self._tick
-        self._latest = {key: builder.build(now, files.read(tick)) for key, files, builder in self._pass}
+        latest = self._latest = {key: builder.build(now, files.read(tick)) for key, files, builder in self._pass}
+        history, keep = self._history, self.keep
+        for key, sample in latest.items():
+            kept = history.get(key)
+            if kept is None:
+                kept = history[key] = deque(maxlen=keep)
+            kept.append(sample)
         self.last_ts = now
         self.last_duration = time.perf_counter() - started
 
@@ -166,6 +189,7 @@ class Sampler:
         self._files = {}
         self._pass = []
         self._latest = {}
+        self._history = {}
 
 
 def read_once(path: Path, now: float, skip_devices: frozenset[str] = frozenset()) -> Sample:

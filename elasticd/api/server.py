@@ -16,10 +16,13 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from elasticd.accounting.usage import parse_apps_flag, parse_interval_ms
+from elasticd.aiohttp_grace import grace
 
 __all__ = ["AdminApi", "Control", "ReloadOutcome", "SocketInUse"]
 
 log = logging.getLogger("elasticd.api")
+
+STOP_GRACE = 2.0  # seconds an admin request still running at a stop may take (aiohttp's default is 60)
 
 
 class ReloadOutcome(Protocol):
@@ -68,12 +71,13 @@ class AdminApi:
         _claim_socket_path(self.path)
         # Resolve the group before binding, so a typo refuses to start rather than leaving a 0600 socket.
         gid = _group_id(self.group) if self.group else None
-        self._runner = web.AppRunner(self._app(), access_log=None)
+        on_runner, on_site = grace(STOP_GRACE)
+        self._runner = web.AppRunner(self._app(), access_log=None, **on_runner)
         await self._runner.setup()
         # The umask makes the socket private from its first instant; chmod then only ever widens it.
         old_umask = os.umask(0o177)
         try:
-            await web.UnixSite(self._runner, self.path).start()
+            await web.UnixSite(self._runner, self.path, **on_site).start()
         finally:
             os.umask(old_umask)
         if gid is not None:

@@ -93,18 +93,29 @@ class Placement:
             return ["cgroups are not enforced: the limits are recorded but no kernel file was written"]
         return self.tree.apply_limits(tenant, resources, [app.root for app in config.tenants[tenant].apps.values()])
 
-    async def remove_dropped(self, old: Config, new: Config) -> None:
-        """After their workers are gone: the leaves of removed apps, then the groups of removed tenants."""
+    async def remove_dropped(self, old: Config, current: Callable[[], Config], retry: float = 0.25,
+                             max_retry: float = 5.0) -> None:
+        """After their workers are gone: the leaves of removed apps, then the groups of removed tenants. An
+        rmdir refused with EBUSY (a process still on its way out) is retried, with backoff, until it succeeds —
+        or until the app or tenant is configured again (``current()`` is read at every try)."""
         tree = self.tree
         if tree is None:
             return
-        for tenant, app in old.apps():
-            if tenant.name not in new.tenants or app.name not in new.tenants[tenant.name].apps:
-                await self.drain_leaf(tenant.name, app.name)
-                tree.remove_app(tenant.name, app.name)
-        for name in old.tenants:
-            if name not in new.tenants:
-                tree.remove_tenant(name)
+        delay = retry
+        while True:
+            new = current()
+            pending = False
+            for tenant, app in old.apps():
+                if tenant.name not in new.tenants or app.name not in new.tenants[tenant.name].apps:
+                    await self.drain_leaf(tenant.name, app.name)
+                    pending = not tree.remove_app(tenant.name, app.name) or pending
+            for name in old.tenants:
+                if name not in new.tenants:
+                    pending = not tree.remove_tenant(name) or pending
+            if not pending:
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_retry)
 
     async def remove_stale(self, config: Config) -> None:
         """At start: groups an earlier run left for tenants or apps no longer configured."""

@@ -108,7 +108,7 @@ class CgroupTree:
         # Per directory: the controllers enabled in its subtree_control (= what its children have).
         self._enabled: dict[Path, frozenset[str]] = {}
         self._no_disk_reported: set[str] = set()
-        self._logged_errors: set[tuple[str, str, int]] = set()
+        self._logged_errors: set[tuple[object, ...]] = set()
 
     # ----------------------------------------------------------------------------------------- paths
 
@@ -296,7 +296,11 @@ class CgroupTree:
         except OSError as exc:
             if exc.errno != errno.ENOTEMPTY:
                 if exc.errno == errno.EBUSY:
-                    log.warning("cannot remove %s yet: processes or child groups remain", path)
+                    # Retried until it goes (placement.remove_dropped): said once, not at every try.
+                    key = ("busy", str(path))
+                    level = logging.DEBUG if key in self._logged_errors else logging.WARNING
+                    self._logged_errors.add(key)
+                    log.log(level, "cannot remove %s yet: processes or child groups remain (retrying)", path)
                 else:
                     log.warning("cannot remove %s: %s", path, _describe(exc))
                 return False

@@ -34,12 +34,15 @@ class OpenRequest(Protocol):
 
 
 class WorkerCounters:
-    __slots__ = ("errors", "requests", "seconds")
+    __slots__ = ("answered", "errors", "requests", "seconds")
 
     def __init__(self) -> None:
         self.requests = 0
         self.errors = 0
         self.seconds = 0.0
+        # Answers that came from the worker itself (complete, or a 101): the pool's evidence of progress. The
+        # front's own 502/504/499 are in requests, never here: a hung worker's timeouts are not its progress.
+        self.answered = 0
 
     def snapshot(self) -> dict[str, float]:
         return {"requests": self.requests, "errors": self.errors, "seconds": self.seconds}
@@ -124,9 +127,11 @@ class Accounting:
     # ------------------------------------------------------------------ housekeeping and reading
 
     def sweep(self, horizon: float) -> list[int]:
-        """Drop open entries older than ``horizon``: only a bug could leave one (every request closes its own
-        entry however it ends), and a visible, then swept, stale entry is the point of using a dict."""
-        stale = [rid for rid, request in list(self.open.items()) if request.ts < horizon]
+        """Drop open entries older than ``horizon`` that are no longer live: only a bug could leave one (every
+        request closes its own entry however it ends), and a visible, then swept, stale entry is the point of
+        using a dict. A request still relaying (a long download) is live whatever its age."""
+        stale = [rid for rid, request in list(self.open.items())
+                 if request.ts < horizon and not getattr(request, "live", False)]
         for rid in stale:
             self.open.pop(rid, None)
         return stale
@@ -141,6 +146,15 @@ class Accounting:
             if request.worker is not None:
                 counts[request.worker] = counts.get(request.worker, 0) + 1
         return counts
+
+    def oldest_open_by_worker(self) -> dict[str, float]:
+        """Per worker, when its oldest open request was sent (the liveness rule of sensor-less workers)."""
+        oldest: dict[str, float] = {}
+        for request in list(self.open.values()):
+            worker = request.worker
+            if worker is not None and request.ts < oldest.get(worker, float("inf")):
+                oldest[worker] = request.ts
+        return oldest
 
     def forget_worker(self, worker_id: str) -> None:
         self.workers.pop(worker_id, None)

@@ -306,6 +306,7 @@ class ClientConn(asyncio.Protocol):
         """The worker's answer is complete (and was relayed)."""
         response = conn.response
         ex.conn = None
+        conn.pool.counters.answered += 1
         if response is not None and response.reusable and ex.sent and not conn.tunnel:
             conn.ex = conn.client = None  # conn.release(), inlined for the common case
             pool = conn.pool
@@ -357,6 +358,7 @@ class ClientConn(asyncio.Protocol):
         """101 Switching Protocols went to the client: both connections now carry the new protocol."""
         if tail:
             self.write(tail)
+        conn.pool.counters.answered += 1
         self._close_exchange(ex, 101)
         ex.finished = True
         ex.conn = None

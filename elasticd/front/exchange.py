@@ -53,5 +53,10 @@ class Exchange:
         self.rid = 0
         self.ts = 0.0
 
+    @property
+    def live(self) -> bool:
+        """Still relaying to or from a worker: an open-requests entry the sweep must not take, however old."""
+        return self.conn is not None and not self.finished
+
 
 NO_HEAD = http1.RequestHead()

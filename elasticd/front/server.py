@@ -34,6 +34,7 @@ WorkersFn = Callable[[str, str, str], Sequence[Upstream]]
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _MISS = object()
 _MAX_HOSTS = 1024  # Host header values remembered with their route (a flood of odd names only resets it)
+STALE_MARGIN = 10.0  # seconds past request_timeout before a dead open-requests entry is swept
 
 
 class Target:
@@ -66,14 +67,16 @@ class Front:
         self.keepalive_timeout = keepalive_timeout  # an idle client connection between requests
         self.tunnel_timeout = tunnel_timeout  # an idle upgraded (WebSocket) connection
         self.max_header_bytes = max_header_bytes  # request line + headers; over it: 431
-        self.stale_after = 6 * 3600.0  # an open-requests entry this old can only be a leak: swept
+        # An open-requests entry idle past the request timeout (plus a margin for the tick) can only be a leak.
+        self.stale_after = request_timeout + STALE_MARGIN
         self.quotas = QuotaBook(quotas or {}, clock())
         self.surface = Surface(user_ttl)
         self.accounting = Accounting()
         self.place: PlaceFn = place  # where a new (or re-placed) user goes: the reception
-        # At a login (X-Elastic-Login: <name>): (group key, user) → the worker the user lives on from now on,
-        # or None to leave it where it is. The pool's reception-first keep/pass policy plugs in here.
-        self.on_login: Callable[[tuple[str, str, str], str], str | None] | None = None
+        # At a login (X-Elastic-Login: <name>): (group key, user, the worker that logged it in, whether it was
+        # logged in already) → the worker the user lives on from now on, or None to leave it where it is. The
+        # pool's reception-first keep/pass policy plugs in here.
+        self.on_login: Callable[[tuple[str, str, str], str, str, bool], str | None] | None = None
         self.unroutable: set[str] = set()  # workers found dead, until their socket accepts again
         self.conns: set[ClientConn] = set()
         self.stopping = False
@@ -102,6 +105,7 @@ class Front:
 
     def configure(self, *, request_timeout: float, user_ttl: float) -> None:
         self.request_timeout = request_timeout
+        self.stale_after = request_timeout + STALE_MARGIN
         self.surface.ttl = user_ttl
 
     def collector(self) -> FrontCollector:
@@ -149,6 +153,21 @@ class Front:
         await asyncio.sleep(0)  # let the transports' close callbacks run
         self._server = None
 
+    def tunnels_by_worker(self) -> dict[str, int]:
+        """Open WebSocket tunnels per worker: counted from the connections themselves, so it cannot drift."""
+        counts: dict[str, int] = {}
+        for conn in list(self.conns):
+            tunnel = conn.tunnel
+            if tunnel is not None and not tunnel.closed:
+                worker = tunnel.pool.worker_id
+                counts[worker] = counts.get(worker, 0) + 1
+        return counts
+
+    def forget_worker(self, worker_id: str) -> None:
+        """A worker gone for good (retired, removed): its forward counters end with it."""
+        self.close_upstream(worker_id)
+        self.accounting.forget_worker(worker_id)
+
     def close_upstream(self, worker_id: str) -> None:
         """The worker is gone (the supervisor saw it exit): close its pooled connections, re-place its users
         at their next request, and forget it was unroutable (a restarted worker is the supervisor's to call
@@ -180,7 +199,7 @@ class Front:
         if now >= self._next_expiry:
             self.surface.expire(now)
             self.accounting.sweep(now - self.stale_after)
-            self._next_expiry = now + min(60.0, self.surface.ttl / 4)
+            self._next_expiry = now + min(60.0, self.surface.ttl / 4, self.stale_after / 2)
         self._timer = asyncio.get_running_loop().call_later(self._tick_interval(), self._tick)
 
     # ------------------------------------------------------------------ the request path (from ClientConn)
@@ -326,15 +345,17 @@ class Front:
         login = ex.login
         if login is not None and ex.user is not None and ex.worker is not None:
             name = None if login == b"-" else login.decode("utf-8", "replace")
+            before = self.surface.users.get(ex.user)
+            placed = before is not None and before.login is not None  # logged in already: placed once
             self.surface.login(ex.user, name, ex.worker, now)
             if name is not None and self.on_login is not None and ex.route is not None:
-                self._placed_at_login(ex.route, ex.user, ex.worker, now)
+                self._placed_at_login(ex.route, ex.user, ex.worker, placed, now)
 
-    def _placed_at_login(self, route: AppRoute, user: str, worker: str, now: float) -> None:
+    def _placed_at_login(self, route: AppRoute, user: str, worker: str, placed: bool, now: float) -> None:
         """A login: the pool's placement may keep the user where it is or pass it to another worker."""
         assert self.on_login is not None
         try:
-            chosen = self.on_login(route.key, user)
+            chosen = self.on_login(route.key, user, worker, placed)
         except Exception:  # a broken policy must not break the answer that carried the login
             log.exception("placement at login failed for %s", route)
             return

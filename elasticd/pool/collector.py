@@ -1,4 +1,5 @@
-"""The pool's Prometheus metrics: occupancy per worker, workers per group, decisions by kind."""
+"""The pool's Prometheus metrics: occupancy per worker, workers per group, decisions by group and kind, and
+which cgroup limit holds a group's scale-up."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from elasticd.pool.manager import PoolManager
+from elasticd.pool.manager import LIMITED_RESOURCES, PoolManager
 
 __all__ = ["PoolCollector"]
 
-DECISIONS = ("keep", "pass", "admit", "fallback", "scale-up", "compaction", "retire", "hung")
+DECISIONS = ("keep", "pass", "admit", "fallback", "scale-up", "held", "compaction", "retire", "hung")
 
 
 class PoolCollector:
@@ -34,11 +35,18 @@ class PoolCollector:
             sizes[key] = sizes.get(key, 0) + 1
         for key in self._pool.groups():
             workers.add_metric(list(key), sizes.get(key, 0))
-        decisions = CounterMetricFamily("elasticd_pool_decisions", "Pool decisions taken, by kind.",
-                                        labels=["decision"])
-        counts = self._pool.decision_counts()
-        for kind in (*DECISIONS, *sorted(set(counts) - set(DECISIONS))):
-            decisions.add_metric([kind], counts.get(kind, 0))
+        decisions = CounterMetricFamily("elasticd_pool_decisions", "Pool decisions taken, by group and kind.",
+                                        labels=["tenant", "app", "group", "decision"])
+        for key, counts in self._pool.decision_counts().items():
+            for kind in (*DECISIONS, *sorted(set(counts) - set(DECISIONS))):
+                decisions.add_metric([*key, kind], counts.get(kind, 0))
+        bound = GaugeMetricFamily("elasticd_group_limit_bound",
+                                  "1 while the tenant's cgroup limit on this resource holds the group's scale-up.",
+                                  labels=["tenant", "app", "group", "resource"])
+        for key, resources in self._pool.limits_bound().items():
+            for resource in LIMITED_RESOURCES:
+                bound.add_metric([*key, resource], 1.0 if resource in resources else 0.0)
         yield occupancy
         yield workers
         yield decisions
+        yield bound

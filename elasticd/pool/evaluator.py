@@ -1,7 +1,9 @@
 """INTERPRET: each worker's window of readings becomes one number, its occupancy in [0, 1] (seed 000).
 
-Per row the components are memory = rss / memory_limit (only when both exist), cpu = min(cpu, 1) (the
-measured wall is one core: the GIL) and executor = busy / total. Each component is FIRST averaged over the
+Per row the components are memory = rss / memory_limit (only when both exist), cpu = min(cpu / wall, 1) and
+executor = busy / total. The CPU wall is what the worker's cgroup can give it: one core (the GIL) or the
+tenant's cpu.max in cores when that is less (``budget.cpu_wall``) — a worker at 0.5 core under a 0.5-core
+quota is saturated. Each component is FIRST averaged over the
 last ``SMOOTHING_ROWS`` rows (about 30 s: transient spikes dominate a naive read), THEN the occupancy is the
 MAX of the averages: the bottleneck answers "can I take another user?"; an average across incommensurable
 resources does not. A worker with no rows (just born) reads 0: it admits. Anti-flapping IS the window.
@@ -54,38 +56,40 @@ class Window:
         return self.rows[-1].ts if self.rows else None
 
 
-def row_components(row: Row, memory_limit: int | None) -> dict[str, float]:
+def row_components(row: Row, memory_limit: int | None, cpu_wall: float = 1.0) -> dict[str, float]:
     report = row.report
     parts: dict[str, float] = {}
     if report.rss is not None and memory_limit:
         parts["memory"] = min(report.rss / memory_limit, 1.0)
     if report.cpu is not None:
-        parts["cpu"] = min(report.cpu, 1.0)
+        parts["cpu"] = min(report.cpu / cpu_wall, 1.0)
     if report.executor is not None:
         parts["executor"] = min(report.executor.busy / report.executor.total, 1.0)
     return parts
 
 
-def components_of(rows: Sequence[Row], memory_limit: int | None, smoothing: int = SMOOTHING_ROWS) -> dict[str, float]:
+def components_of(rows: Sequence[Row], memory_limit: int | None, smoothing: int = SMOOTHING_ROWS,
+                  cpu_wall: float = 1.0) -> dict[str, float]:
     """Each component averaged over the last ``smoothing`` rows that carry it."""
     recent = islice(reversed(rows), smoothing)  # no copy of the whole window
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     for row in recent:
-        for name, value in row_components(row, memory_limit).items():
+        for name, value in row_components(row, memory_limit, cpu_wall).items():
             sums[name] = sums.get(name, 0.0) + value
             counts[name] = counts.get(name, 0) + 1
     return {name: sums[name] / counts[name] for name in sums}
 
 
-def occupancy(rows: Sequence[Row], memory_limit: int | None, smoothing: int = SMOOTHING_ROWS) -> float:
-    parts = components_of(rows, memory_limit, smoothing)
+def occupancy(rows: Sequence[Row], memory_limit: int | None, smoothing: int = SMOOTHING_ROWS,
+              cpu_wall: float = 1.0) -> float:
+    parts = components_of(rows, memory_limit, smoothing, cpu_wall)
     return max(parts.values(), default=0.0)
 
 
-def history_of(rows: Sequence[Row], memory_limit: int | None) -> list[float]:
+def history_of(rows: Sequence[Row], memory_limit: int | None, cpu_wall: float = 1.0) -> list[float]:
     """Per-row occupancy (no smoothing) across the whole window: the monitor's histogram."""
-    return [max(row_components(row, memory_limit).values(), default=0.0) for row in rows]
+    return [max(row_components(row, memory_limit, cpu_wall).values(), default=0.0) for row in rows]
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from elasticd.config import Pool
+from elasticd.model import Pool
 from elasticd.pool.policy import Decision, WorkerView, check_capacity
 
 __all__ = ["Compaction", "Ledger", "ledger", "plan_compaction"]
@@ -52,14 +52,18 @@ class Compaction:
 
 
 def plan_compaction(workers: Sequence[WorkerView], loads: Mapping[str, Mapping[str, float]],
-                    pool: Pool) -> Compaction | None:
-    """``workers``: routable, in order, reception first. ``loads``: per worker, each user's share of its
-    occupancy (the shares of one worker add up to its occupancy)."""
+                    pool: Pool, tunnels: Mapping[str, int] | None = None) -> Compaction | None:
+    """``workers``: routable, in order, reception first. ``loads``: per worker, each logged-in user's share of
+    its occupancy (guests never move: they are re-placed on the reception when their worker goes).
+    ``tunnels``: open WebSocket tunnels per worker — a worker holding one is drained only when every other
+    candidate holds one too (its drain waits for the tunnel to close)."""
     book = ledger([w.occupancy for w in workers], pool)
     if len(workers) <= max(pool.min_workers, 1) or book.headroom <= book.trigger:
         return None
     others = workers[1:]
-    drained = min(others, key=lambda w: w.occupancy)
+    open_tunnels = tunnels or {}
+    candidates = [w for w in others if not open_tunnels.get(w.id)] or list(others)
+    drained = min(candidates, key=lambda w: w.occupancy)
     survivors = [w for w in workers if w.id != drained.id]
     projected = {w.id: w.occupancy for w in survivors}
     moves: dict[str, str] = {}
@@ -77,7 +81,7 @@ def plan_compaction(workers: Sequence[WorkerView], loads: Mapping[str, Mapping[s
         return None
     after = ledger(list(projected.values()), pool)
     numbers = {**book.numbers(), "drained": drained.id, "drained_occupancy": round(drained.occupancy, 4),
-               "users": len(moves), "after": after.numbers()}
+               "users": len(moves), "tunnels": open_tunnels.get(drained.id, 0), "after": after.numbers()}
     reason = f"H = {book.headroom:.2f} over {book.trigger:.2f}: drain the least-occupied worker and retire it"
     return Compaction(drained.id, moves, Decision("compaction", drained.id, reason, numbers))
 

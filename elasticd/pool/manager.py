@@ -8,8 +8,13 @@ compaction (seed 000):
 - a login arrives on the request path → placement (keep or pass), admission, then the scale-up check;
 - a report arrives (from the channel, or built by elasticd for a worker that does not report) → archive,
   the scale-up check, then the capacity ledger, which may compact;
-- the sensing tick (every ``occupancy_interval``) builds reports for silent workers and finds hung ones,
-  which are killed and replaced (their users are re-placed by the front).
+- the sensing tick (every ``occupancy_interval``) builds reports for workers that do not report and asks
+  the liveness rule about every worker: silent AND making no progress for ``hung_after`` is hung, and is
+  killed and replaced (its users are re-placed by the front); busy is never hung.
+
+The tenant's cgroup enters every decision through ``budget`` (the daemon's: the sampler's recent samples of
+the tenant and the limits in force, see ``budget.py``): it sets the CPU wall of the evaluator, and holds a
+scale-up that the tenant's cpu.max, memory.max or pids.max would leave with nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from elasticd.config import Config, Pool
+from elasticd.model import Config, Pool
+from elasticd.pool.budget import UNLIMITED, Budget, holds
+from elasticd.pool.drain import drain_verdict
 from elasticd.pool.evaluator import (
     SMOOTHING_ROWS,
     Forward,
@@ -33,16 +40,18 @@ from elasticd.pool.evaluator import (
 )
 from elasticd.pool.journal import Journal
 from elasticd.pool.ledger import ledger, plan_compaction
+from elasticd.pool.liveness import Progress, observe, verdict
 from elasticd.pool.policy import Decision, WorkerView, check_capacity, place_login
 from elasticd.pool.report import Report
-from elasticd.pool.sensing import TreeSensor
+from elasticd.pool.sensing import TreeSensor, tree_cpu
 
-__all__ = ["PoolManager"]
+__all__ = ["LIMITED_RESOURCES", "PoolManager"]
 
 log = logging.getLogger("elasticd.pool")
 
 GroupKey = tuple[str, str, str]
-HUNG_INTERVALS = 3  # an announced worker silent this many intervals is hung
+LIMITED_RESOURCES = ("cpu", "memory", "pids")  # what can hold a scale-up (elasticd_group_limit_bound)
+_DRAIN_POLL = 0.1  # seconds between two looks at what is still open on a draining worker
 
 
 class _Worker(Protocol):
@@ -54,6 +63,7 @@ class _Worker(Protocol):
 
 class _Supervisor(Protocol):
     def workers_of(self, key: GroupKey) -> list[Any]: ...
+    def held(self, key: GroupKey) -> int: ...
     def add_worker(self, key: GroupKey) -> Any: ...
     async def retire(self, worker_id: str) -> None: ...
     async def replace_worker(self, worker_id: str) -> None: ...
@@ -61,6 +71,7 @@ class _Supervisor(Protocol):
 
 class _User(Protocol):
     seconds: float
+    login: str | None
 
 
 class _Surface(Protocol):
@@ -72,20 +83,24 @@ class _Counters(Protocol):
     requests: int
     errors: int
     seconds: float
+    answered: int
 
 
 class _Accounting(Protocol):
     def worker(self, worker_id: str) -> _Counters: ...
     def open_by_worker(self) -> dict[str, int]: ...
+    def oldest_open_by_worker(self) -> dict[str, float]: ...
 
 
 class _Group:
-    __slots__ = ("concurrency", "draining", "journal", "occupancy", "pool", "sensors", "spawning", "user_seconds",
-                 "windows")
+    __slots__ = ("bound", "concurrency", "draining", "journal", "occupancy", "pool", "sensors", "spawning",
+                 "user_seconds", "wall", "windows")
 
     def __init__(self, pool: Pool, concurrency: int) -> None:
         self.pool = pool
         self.concurrency = concurrency
+        self.wall = 1.0  # the CPU one worker of the group can use: min(1 core, the tenant's cpu.max)
+        self.bound: dict[str, Decision] = {}  # resource → the held decision, while a limit holds the group
         self.windows: dict[str, Window] = {}
         # Evaluated when a report is archived (the only time it can change), so placement on the request path
         # reads N numbers instead of re-averaging N windows.
@@ -101,29 +116,42 @@ class PoolManager:
     __slots__ = (
         "_accounting",
         "_announced",
+        "_budget",
         "_clock",
         "_groups",
         "_last_report",
+        "_progress",
         "_supervisor",
         "_surface",
         "_tasks",
+        "_tree_cpu",
+        "_tunnels",
         "_wall",
         "draining",
+        "hung_after",
         "interval",
     )
 
     def __init__(self, supervisor: _Supervisor, surface: _Surface, accounting: _Accounting, *,
-                 interval: float, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 interval: float, hung_after: float | None = None,
+                 budget: Callable[[str], Budget] | None = None,
+                 tunnels: Callable[[], Mapping[str, int]] | None = None,
+                 tree_cpu: Callable[[int], float | None] = tree_cpu,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self._supervisor = supervisor
         self._surface = surface
         self._accounting = accounting
+        self._budget = budget or (lambda tenant: UNLIMITED)
+        self._tunnels = tunnels or dict
+        self._tree_cpu = tree_cpu
         self.interval = interval
+        self.hung_after = hung_after if hung_after is not None else max(30.0, 3 * interval)
         self._clock = clock
         self._wall = wall
         self._groups: dict[GroupKey, _Group] = {}
         self._announced: set[str] = set()
-        self._last_report: dict[str, float] = {}
+        self._last_report: dict[str, tuple[float, float | None]] = {}  # worker → (when, its loop_lag)
+        self._progress: dict[str, Progress] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.draining: set[str] = set()  # every group's, for the front's hot path (no new requests to these)
 
@@ -132,6 +160,7 @@ class PoolManager:
     def apply(self, config: Config) -> None:
         """Thresholds are reloadable: a reload swaps a group's pool config; removed groups are forgotten."""
         self.interval = config.server.occupancy_interval
+        self.hung_after = config.server.hung_after
         wanted = {(t.name, a.name, g.name): g for t, a, g in config.groups()}
         for key in [k for k in self._groups if k not in wanted]:
             del self._groups[key]
@@ -142,7 +171,11 @@ class PoolManager:
             else:
                 entry.pool, entry.concurrency = group.pool, group.concurrency
                 # memory_limit may have changed: every cached occupancy is re-read from its window.
-                entry.occupancy = {wid: occupancy(w.rows, group.pool.memory_limit) for wid, w in entry.windows.items()}
+                self._reevaluate(entry)
+
+    def _reevaluate(self, entry: _Group) -> None:
+        entry.occupancy = {wid: occupancy(w.rows, entry.pool.memory_limit, cpu_wall=entry.wall)
+                           for wid, w in entry.windows.items()}
 
     # ------------------------------------------------------------------ views
 
@@ -170,29 +203,32 @@ class PoolManager:
     def groups(self) -> list[GroupKey]:
         return list(self._groups)
 
-    def decision_counts(self) -> dict[str, int]:
-        total: dict[str, int] = {}
-        for entry in self._groups.values():
-            for kind, n in entry.journal.counts.items():
-                total[kind] = total.get(kind, 0) + n
-        return total
+    def decision_counts(self) -> dict[GroupKey, dict[str, int]]:
+        return {key: dict(entry.journal.counts) for key, entry in self._groups.items()}
+
+    def limits_bound(self) -> dict[GroupKey, frozenset[str]]:
+        """Per group, the resources holding its scale-up right now (elasticd_group_limit_bound)."""
+        return {key: frozenset(entry.bound) for key, entry in self._groups.items()}
 
     # ------------------------------------------------------------------ the request path: a login
 
-    def on_login(self, key: GroupKey, user: str) -> str | None:
-        """Where a user who just logged in lives from now on (None: the group has no routable worker)."""
+    def on_login(self, key: GroupKey, user: str, worker: str | None = None, placed: bool = False) -> str | None:
+        """Where a user who just logged in on ``worker`` lives from now on; None: where it is. ``placed``: it
+        was logged in already (a login again decides nothing: placement happens once)."""
         entry = self._groups.get(key)
         if entry is None:
             return None
         views = self._views(key, entry)
         if not views:
             return None
-        decisions = place_login(views, entry.pool)
+        decisions = place_login(views, entry.pool, current=worker, placed=placed)
         for decision in decisions:
             self._record(entry, decision)
             if decision.kind == "fallback":
                 log.warning("pool %s: %s", "/".join(key), decision.reason)
         self._check_capacity(key, entry, views)
+        if not decisions or decisions[-1].kind == "keep":
+            return None  # keeping is the null action: nobody is re-pointed
         return decisions[-1].worker
 
     # ------------------------------------------------------------------ reports
@@ -200,23 +236,28 @@ class PoolManager:
     def on_report(self, worker_id: str, report: Report, now: float, *, announced: bool = True) -> None:
         if announced:
             self._announced.add(worker_id)
-            self._last_report[worker_id] = now
+            self._last_report[worker_id] = (now, report.loop_lag)
         found = self._find(worker_id)
         if found is None:
             return
         key, entry = found
+        budget = self._budget(key[0])
+        if budget.wall != entry.wall:  # the tenant's cpu.max changed (an override, a reload)
+            entry.wall = budget.wall
+            self._reevaluate(entry)
         counters = self._accounting.worker(worker_id)
         forward = Forward(counters.requests, counters.errors, counters.seconds)
         window = entry.windows.setdefault(worker_id, Window())
         window.add(Row(now, report, forward))
-        entry.occupancy[worker_id] = occupancy(window.rows, entry.pool.memory_limit)
+        entry.occupancy[worker_id] = occupancy(window.rows, entry.pool.memory_limit, cpu_wall=entry.wall)
         views = self._views(key, entry)
-        self._check_capacity(key, entry, views)
+        self._check_capacity(key, entry, views, budget)
         self._check_ledger(key, entry, views)
 
     def forget_worker(self, worker_id: str) -> None:
         self._announced.discard(worker_id)
         self._last_report.pop(worker_id, None)
+        self._progress.pop(worker_id, None)
         for entry in self._groups.values():
             entry.windows.pop(worker_id, None)
             entry.occupancy.pop(worker_id, None)
@@ -230,17 +271,52 @@ class PoolManager:
 
     # ------------------------------------------------------------------ scale-up and compaction
 
-    def _check_capacity(self, key: GroupKey, entry: _Group, views: Sequence[WorkerView]) -> None:
+    def _check_capacity(self, key: GroupKey, entry: _Group, views: Sequence[WorkerView],
+                        budget: Budget | None = None) -> None:
         workers = {w.id: w for w in self._supervisor.workers_of(key)}
         entry.spawning = {wid for wid in entry.spawning if wid in workers and not workers[wid].routable
                           and workers[wid].state not in ("failed", "stopped")}
-        decision = check_capacity(views, entry.pool, spawning=len(entry.spawning))
-        if decision is None:
+        if budget is None:
+            budget = self._budget(key[0])
+        binding = holds(budget, entry.pool, worker_rss=self._mean_rss(entry, views),
+                        worker_pids=self._pids_per_worker(key[0], budget))
+        decision = check_capacity(views, entry.pool, spawning=len(entry.spawning),
+                                  held=self._supervisor.held(key), holds=binding)
+        if decision is None or decision.kind != "held":
+            if entry.bound:
+                log.info("pool %s: no longer held by the tenant's %s limit", "/".join(key), ", ".join(entry.bound))
+                entry.bound = {}
+            if decision is None:
+                return
+        if decision.kind == "held":
+            resources = {hold.resource for hold in binding}
+            if resources != set(entry.bound):  # a new hold (or another limit): one journal entry, one log line
+                self._record(entry, decision)
+                log.warning("pool %s: scale-up held: %s", "/".join(key), decision.reason)
+            entry.bound = {resource: decision for resource in resources}
             return
         worker = self._supervisor.add_worker(key)
+        if worker is None:
+            return  # stopping, or the group is going: nothing to grow
         entry.spawning.add(worker.id)
         self._record(entry, Decision(decision.kind, worker.id, decision.reason, decision.numbers))
         log.info("pool %s: scale-up to %d workers (%s)", "/".join(key), len(workers) + 1, decision.reason)
+
+    @staticmethod
+    def _mean_rss(entry: _Group, views: Sequence[WorkerView]) -> float | None:
+        """The group's mean worker RSS from each routable worker's latest reading."""
+        values = []
+        for view in views:
+            window = entry.windows.get(view.id)
+            if window is not None and window.rows and window.rows[-1].report.rss is not None:
+                values.append(window.rows[-1].report.rss)
+        return sum(values) / len(values) if values else None
+
+    def _pids_per_worker(self, tenant: str, budget: Budget) -> float | None:
+        if budget.reading is None or budget.reading.pids is None:
+            return None
+        workers = sum(self._supervisor.held(key) for key in self._groups if key[0] == tenant)
+        return budget.reading.pids / workers if workers else None
 
     def _check_ledger(self, key: GroupKey, entry: _Group, views: Sequence[WorkerView]) -> None:
         if entry.draining or entry.spawning:
@@ -250,7 +326,7 @@ class PoolManager:
         # that caused it (seen in the VM). Anti-flapping is the window: wait until every worker has one.
         if any(len(entry.windows[v.id].rows) < SMOOTHING_ROWS if v.id in entry.windows else True for v in views):
             return
-        plan = plan_compaction(views, self._user_loads(entry, views), entry.pool)
+        plan = plan_compaction(views, self._user_loads(entry, views), entry.pool, self._tunnels())
         if plan is None:
             return
         self._record(entry, plan.decision)
@@ -263,8 +339,9 @@ class PoolManager:
         self._spawn(self._retire(key, entry, plan.retire))
 
     def _user_loads(self, entry: _Group, views: Sequence[WorkerView]) -> dict[str, dict[str, float]]:
-        """Each user's share of its worker's occupancy, from the forward seconds it consumed since the last
-        check (evenly when it consumed none: an idle user costs little, but is not free)."""
+        """Each logged-in user's share of its worker's occupancy, from the forward seconds it consumed since
+        the last check (evenly when it consumed none: an idle user costs little, but is not free). Guests are
+        left out: they never move (when their worker goes, the front re-places them on the reception)."""
         loads: dict[str, dict[str, float]] = {}
         seen: dict[str, float] = {}
         for view in views:
@@ -272,49 +349,93 @@ class PoolManager:
             deltas = {}
             for user, record in users:
                 seen[user] = record.seconds
-                deltas[user] = max(record.seconds - entry.user_seconds.get(user, 0.0), 0.0)
+                if record.login is not None:
+                    deltas[user] = max(record.seconds - entry.user_seconds.get(user, 0.0), 0.0)
             if deltas:
                 loads[view.id] = loads_for(view.occupancy, deltas)
         entry.user_seconds = seen
         return loads
 
     async def _retire(self, key: GroupKey, entry: _Group, worker_id: str) -> None:
-        """Graceful: no new requests (draining), let the open ones finish, then stop the worker."""
-        deadline = self._clock() + max(self.interval * HUNG_INTERVALS, 30.0)
-        while self._accounting.open_by_worker().get(worker_id, 0) and self._clock() < deadline:
-            await asyncio.sleep(0.05)
-        self._record(entry, Decision("retire", worker_id, "drained: no request open on it", {}))
-        await self._supervisor.retire(worker_id)
-        entry.draining.discard(worker_id)
-        self.draining.discard(worker_id)
-        self.forget_worker(worker_id)
+        """Graceful: no new requests (draining), let what is open finish (requests and tunnels, up to the
+        group's drain_timeout), then stop the worker."""
+        started = self._clock()
+        try:
+            cut = await self.wait_drained([worker_id], entry.pool.drain_timeout)
+            waited = round(self._clock() - started, 3)
+            if cut:
+                self._record(entry, Decision("retire", worker_id, f"drain timeout: cut {cut[worker_id]}",
+                                             {"waited_seconds": waited}))
+            else:
+                self._record(entry, Decision("retire", worker_id, "drained: nothing open on it",
+                                             {"waited_seconds": waited}))
+            await self._supervisor.retire(worker_id)
+        finally:
+            entry.draining.discard(worker_id)
+            self.draining.discard(worker_id)
+            self.forget_worker(worker_id)
+
+    async def wait_drained(self, worker_ids: Sequence[str], drain_timeout: float) -> dict[str, str]:
+        """Return once nothing is open on these workers (no request, no tunnel), or at ``drain_timeout``;
+        what stopping them then cuts, by worker, each named in a warning."""
+        started = self._clock()
+        waiting = list(worker_ids)
+        cut: dict[str, str] = {}
+        while waiting:
+            open_requests, tunnels = self._accounting.open_by_worker(), self._tunnels()
+            now = self._clock()
+            for worker_id in list(waiting):
+                decided = drain_verdict(now, started, open_requests=open_requests.get(worker_id, 0),
+                                        tunnels=tunnels.get(worker_id, 0), drain_timeout=drain_timeout)
+                if decided.stop:
+                    waiting.remove(worker_id)
+                    if decided.cut:
+                        cut[worker_id] = decided.cut
+                        log.warning("worker %s: still busy after the drain timeout (%gs): stopping it cuts %s",
+                                    worker_id, drain_timeout, decided.cut)
+            if waiting:
+                await asyncio.sleep(_DRAIN_POLL)
+        return cut
 
     # ------------------------------------------------------------------ the sensing tick
 
     def sense(self) -> None:
-        """Build reports for workers that do not report; find announced workers that went silent."""
+        """Build reports for workers that do not report; ask the liveness rule about every worker."""
         now = self._clock()
         open_requests = self._accounting.open_by_worker()
+        oldest = self._accounting.oldest_open_by_worker()
         for key, entry in self._groups.items():
             for worker in self._supervisor.workers_of(key):
-                if not worker.routable or worker.pid is None:
+                if not worker.routable or worker.pid is None or worker.id in entry.draining:
                     continue
-                if worker.id in self._announced:
-                    last = self._last_report.get(worker.id, now)
-                    if now - last > HUNG_INTERVALS * self.interval:
-                        log.error("pool %s: worker %s announced but sent no report for %.1fs: hung, replacing it",
-                                  "/".join(key), worker.id, now - last)
-                        self._record(entry, Decision("hung", worker.id, "silent for 3 intervals", {
-                            "silent_seconds": round(now - last, 3)}))
-                        self.forget_worker(worker.id)
-                        self._spawn(self._supervisor.replace_worker(worker.id))
-                    continue
-                sensor = entry.sensors.get(worker.id)
-                if sensor is None or sensor.pid != worker.pid:
-                    sensor = entry.sensors[worker.id] = TreeSensor(worker.pid)
-                report = sensor.report(now, busy=open_requests.get(worker.id, 0), total=entry.concurrency)
-                if report is not None:
-                    self.on_report(worker.id, report, now, announced=False)
+                announced = worker.id in self._announced
+                if not announced:
+                    sensor = entry.sensors.get(worker.id)
+                    if sensor is None or sensor.pid != worker.pid:
+                        sensor = entry.sensors[worker.id] = TreeSensor(worker.pid)
+                    report = sensor.report(now, busy=open_requests.get(worker.id, 0), total=entry.concurrency)
+                    if report is not None:
+                        self.on_report(worker.id, report, now, announced=False)
+                    cpu = sensor.cpu_seconds
+                else:
+                    cpu = self._tree_cpu(worker.pid)
+                self._check_liveness(key, entry, worker, now, cpu, announced, open_requests, oldest)
+
+    def _check_liveness(self, key: GroupKey, entry: _Group, worker: Any, now: float, cpu: float | None,
+                        announced: bool, open_requests: Mapping[str, int], oldest: Mapping[str, float]) -> None:
+        answered = self._accounting.worker(worker.id).answered
+        progress = self._progress[worker.id] = observe(self._progress.get(worker.id), now, cpu, answered)
+        last = self._last_report.get(worker.id)
+        hung = verdict(now, progress, hung_after=self.hung_after, reports=announced,
+                       last_report=last[0] if last else progress.at, loop_lag=last[1] if last else None,
+                       oldest_open=oldest.get(worker.id), open_requests=open_requests.get(worker.id, 0))
+        if hung is None:
+            return
+        log.error("pool %s: worker %s (pid %s) is hung: %s %s; killing and replacing it", "/".join(key),
+                  worker.id, worker.pid, hung.reason, hung.numbers)
+        self._record(entry, Decision("hung", worker.id, hung.reason, {**hung.numbers, "pid": worker.pid}))
+        self.forget_worker(worker.id)
+        self._spawn(self._supervisor.replace_worker(worker.id))
 
     async def run(self) -> None:
         while True:
@@ -323,6 +444,11 @@ class PoolManager:
                 self.sense()
             except Exception:  # the tick must survive anything one worker's /proc can throw at it
                 log.exception("pool: the sensing tick failed")
+
+    def stop(self) -> None:
+        """At shutdown: the retires in flight end here (the supervisor stops every worker itself)."""
+        for task in list(self._tasks):
+            task.cancel()
 
     # ------------------------------------------------------------------ visibility
 
@@ -344,18 +470,27 @@ class PoolManager:
                     "draining": worker.id in entry.draining, "spawning": worker.id in entry.spawning,
                     "announced": worker.id in self._announced,
                     "occupancy": round(self._occupancy(entry, worker.id), 4),
-                    "components": {k: round(v, 4) for k, v in components_of(rows, entry.pool.memory_limit).items()},
-                    "history": [round(v, 3) for v in history_of(rows, entry.pool.memory_limit)],
+                    "components": {k: round(v, 4) for k, v in
+                                   components_of(rows, entry.pool.memory_limit, cpu_wall=entry.wall).items()},
+                    "history": [round(v, 3) for v in history_of(rows, entry.pool.memory_limit, entry.wall)],
                     "rates": None if rates is None else {"rps": round(rates.rps, 3), "latency": rates.latency,
                                                          "error_rate": round(rates.error_rate, 3)},
                     "users": users_of(worker.id),
                 })
             book = ledger(occupancies, entry.pool)
             pool = entry.pool
+            held = next(iter(entry.bound.values()), None)
             groups[g] = {
                 "thresholds": {"reception": pool.reception_threshold, "admission": pool.admission_threshold,
                                "compaction_margin": pool.compaction_margin, "min_workers": pool.min_workers,
-                               "max_workers": pool.max_workers, "memory_limit": pool.memory_limit},
+                               "max_workers": pool.max_workers, "memory_limit": pool.memory_limit,
+                               "drain_timeout": pool.drain_timeout, "cpu_held_at": pool.cpu_held_at,
+                               "throttled_held_at": pool.throttled_held_at, "memory_held_at": pool.memory_held_at,
+                               "pids_held_at": pool.pids_held_at},
+                "cpu_wall": round(entry.wall, 4),
+                "held": None if held is None else {"resources": sorted(entry.bound), "reason": held.reason,
+                                                   "limits": held.numbers.get("limits", {})},
+                "held_workers": self._supervisor.held((t, a, g)),
                 "ledger": book.numbers(),
                 "workers": workers,
                 "decisions": entry.journal.last(),
@@ -371,7 +506,12 @@ class PoolManager:
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("pool: a retire or replacement failed", exc_info=task.exception())
 
 
 def _key_of(worker_id: str) -> GroupKey | None:

@@ -5,11 +5,15 @@ decision out. Every decision carries its reason and the numbers behind it, for t
 
 1. Placement: every user is born on the reception. On login the reception KEEPS the user while its own
    occupancy is under ``reception_threshold``; over it, it PASSES the user to admission. The sole worker of a
-   group always keeps (a group of one cannot refuse a login).
+   group always keeps (a group of one cannot refuse a login). Placement happens once: a login of a user
+   already placed (kept earlier, or living on another worker) decides nothing, and keeping never re-points
+   anyone — "re-placing them later is compaction's business, not placement's".
 2. Admission: among the routable workers other than the reception, the least occupied under
    ``admission_threshold``; none under → the last one, with a warning (FALLBACK), and let scale-up grow the group.
 3. Scale-up: when no non-reception worker is under ``admission_threshold``, or, in a group of one, the
-   reception is over its keep threshold. Guards: a spawn in flight (wait for it), ``max_workers``.
+   reception is over its keep threshold. Guards: a spawn in flight (wait for it); ``max_workers``, a hard
+   cap on every worker the supervisor holds for the group (starting, in backoff, draining, being replaced);
+   and the cgroup budget: a scale-up a tenant's limit would starve is HELD, with the limit's numbers.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticd.config import Pool
+from elasticd.model import Pool
+from elasticd.pool.budget import Hold
 
 __all__ = ["Decision", "WorkerView", "admit", "check_capacity", "place_login"]
 
@@ -31,7 +36,7 @@ class WorkerView:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    kind: str  # keep | pass | admit | fallback | scale-up | compaction | retire
+    kind: str  # keep | pass | admit | fallback | scale-up | held | compaction | retire | hung
     worker: str | None
     reason: str
     numbers: Mapping[str, Any] = field(default_factory=dict)
@@ -56,11 +61,17 @@ def admit(workers: Sequence[WorkerView], pool: Pool) -> Decision:
                     numbers)
 
 
-def place_login(workers: Sequence[WorkerView], pool: Pool) -> list[Decision]:
-    """Rule 1 (then rule 2 when the reception passes). The last decision names the worker."""
+def place_login(workers: Sequence[WorkerView], pool: Pool, *, current: str | None = None,
+                placed: bool = False) -> list[Decision]:
+    """Rule 1 (then rule 2 when the reception passes). The last decision names the worker the user lives on.
+
+    ``current``: the worker the user is on now; ``placed``: it was logged in before this login. A user
+    already placed (``placed``, or living on a worker other than the reception) gets no decision at all."""
     if not workers:
         raise ValueError("placement needs at least one routable worker")
     reception = workers[0]
+    if placed or (current is not None and current != reception.id):
+        return []
     numbers = {"reception": reception.id, "occupancy": round(reception.occupancy, 4),
                "reception_threshold": pool.reception_threshold, "workers": len(workers)}
     if len(workers) == 1:
@@ -71,11 +82,16 @@ def place_login(workers: Sequence[WorkerView], pool: Pool) -> list[Decision]:
     return [passed, admit(workers, pool)]
 
 
-def check_capacity(workers: Sequence[WorkerView], pool: Pool, *, spawning: int) -> Decision | None:
-    """Rule 3: a scale-up decision, or None when the group places well or a guard holds."""
+def check_capacity(workers: Sequence[WorkerView], pool: Pool, *, spawning: int, held: int | None = None,
+                   holds: Sequence[Hold] = ()) -> Decision | None:
+    """Rule 3: a scale-up (or ``held``) decision, or None when the group places well or a guard holds.
+
+    ``workers``: the routable ones; ``held``: every worker the supervisor holds for the group and has not
+    stopped (the cap counts those; default: the routable ones); ``holds``: the cgroup limits that bind."""
     if not workers:
         return None
-    numbers: dict[str, Any] = {"occupancies": _occupancies(workers), "workers": len(workers),
+    held = len(workers) if held is None else held
+    numbers: dict[str, Any] = {"occupancies": _occupancies(workers), "workers": len(workers), "held": held,
                                "spawning": spawning, "max_workers": pool.max_workers}
     if len(workers) == 1:
         if workers[0].occupancy < pool.reception_threshold:
@@ -87,6 +103,11 @@ def check_capacity(workers: Sequence[WorkerView], pool: Pool, *, spawning: int) 
         reason = f"no worker other than the reception under {pool.admission_threshold:g}"
     if spawning:
         return None  # a spawn in flight: wait for it to become routable and be measured
-    if pool.max_workers is not None and len(workers) >= pool.max_workers:
+    if pool.max_workers is not None and held >= pool.max_workers:
         return None
+    if holds:
+        limits = {hold.resource: dict(hold.numbers) for hold in holds}
+        because = "; ".join(hold.reason for hold in holds)
+        return Decision("held", None, f"{reason}, but held by the tenant's limit: {because}",
+                        {**numbers, "limits": limits})
     return Decision("scale-up", None, reason, numbers)

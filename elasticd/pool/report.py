@@ -35,6 +35,10 @@ class Report:
     rss: int | None = None  # bytes (None where /proc is absent)
     backlog: int = 0  # drain sentinel
     load: float | None = None  # getloadavg: machine-level, diagnostic only
+    # Seconds since the worker's event loop last ran its heartbeat (the library reports from a thread of its
+    # own, so a handler holding the loop cannot silence it; this says whether the loop itself is stuck).
+    # None: the worker has no heartbeat. An addition to seed 000's shape, for telling busy from wedged.
+    loop_lag: float | None = None
 
 
 _COUNTS = ("users", "pages", "connections", "active_users", "backlog")
@@ -61,7 +65,7 @@ def _fraction(data: dict[str, Any], key: str, *, upper: float | None = None) -> 
 def parse_report(data: Any) -> Report:
     if not isinstance(data, dict):
         raise ReportError("the report is not an object")
-    unknown = set(data) - {*_COUNTS, "executor", "cpu", "rss", "load"}
+    unknown = set(data) - {*_COUNTS, "executor", "cpu", "rss", "load", "loop_lag"}
     if unknown:
         raise ReportError(f"unknown fields: {', '.join(sorted(map(str, unknown)))}")
     executor = None
@@ -78,4 +82,5 @@ def parse_report(data: Any) -> Report:
         raise ReportError(f"rss: {rss!r} is not a byte count")
     # A process tree may use more than one core; 1024 cores is a sanity bound, not a model.
     return Report(**{k: _count(data, k) for k in _COUNTS}, executor=executor,
-                  cpu=_fraction(data, "cpu", upper=1024.0), rss=rss, load=_fraction(data, "load"))
+                  cpu=_fraction(data, "cpu", upper=1024.0), rss=rss, load=_fraction(data, "load"),
+                  loop_lag=_fraction(data, "loop_lag"))

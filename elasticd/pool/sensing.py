@@ -13,7 +13,7 @@ import psutil
 
 from elasticd.pool.report import Executor, Report
 
-__all__ = ["TreeSensor", "in_process_tree"]
+__all__ = ["TreeSensor", "in_process_tree", "tree_cpu"]
 
 
 def in_process_tree(pid: int, root: int) -> bool:
@@ -26,6 +26,31 @@ def in_process_tree(pid: int, root: int) -> bool:
         return False
 
 
+def _tree(pid: int, with_rss: bool = True) -> tuple[float, int] | None:
+    """The process tree's CPU seconds (reaped children included) and resident bytes; None once it is gone."""
+    try:
+        root = psutil.Process(pid)
+        times = root.cpu_times()
+        # Reaped children's time is folded into children_*; live descendants are added one by one.
+        cpu = times.user + times.system + times.children_user + times.children_system
+        rss = root.memory_info().rss if with_rss else 0
+        for child in root.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                ct = child.cpu_times()
+                cpu += ct.user + ct.system
+                if with_rss:
+                    rss += child.memory_info().rss
+    except psutil.Error:
+        return None
+    return cpu, rss
+
+
+def tree_cpu(pid: int) -> float | None:
+    """The liveness rule's evidence of progress for a worker that reports: its tree's CPU seconds."""
+    measured = _tree(pid, with_rss=False)
+    return measured[0] if measured is not None else None
+
+
 class TreeSensor:
     __slots__ = ("_last_cpu", "_last_tick", "pid")
 
@@ -34,25 +59,15 @@ class TreeSensor:
         self._last_cpu: float | None = None
         self._last_tick: float | None = None
 
-    def _tree(self) -> tuple[float, int] | None:
-        try:
-            root = psutil.Process(self.pid)
-            times = root.cpu_times()
-            # Reaped children's time is folded into children_*; live descendants are added one by one.
-            cpu = times.user + times.system + times.children_user + times.children_system
-            rss = root.memory_info().rss
-            for child in root.children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    ct = child.cpu_times()
-                    cpu += ct.user + ct.system
-                    rss += child.memory_info().rss
-        except psutil.Error:
-            return None
-        return cpu, rss
+    @property
+    def cpu_seconds(self) -> float | None:
+        """The tree's CPU seconds at the last report (None before the first, or once it is gone)."""
+        return self._last_cpu
 
     def report(self, now: float, busy: int, total: int) -> Report | None:
-        measured = self._tree()
+        measured = _tree(self.pid)
         if measured is None:
+            self._last_cpu = None
             return None
         cpu_now, rss = measured
         cpu = None

@@ -22,6 +22,7 @@ class Desired:
     spec: WorkerSpec
     min_workers: int
     max_workers: int | None = None
+    drain_timeout: float = 300.0  # how long workers leaving the group may take to finish what is open
 
     def clamp(self, count: int) -> int:
         count = max(count, self.min_workers)

@@ -2,16 +2,25 @@
 
 ``apply(config)`` is the one entry point for start and reload: it diffs (``plan``) and carries out the
 diff. A group whose spec changed is replaced without a gap: new workers are started and awaited until
-routable, and only then are the old ones stopped; if the new ones never become routable the old ones stay
+routable, and only then are the old ones retired; if the new ones never become routable the old ones stay
 and the error is reported. Workers whose definition did not change are not touched (same pid).
+
+Workers leaving a group (a removed app or tenant, a replaced or shrunk group) are retired in the
+background: no new requests reach them (they are out of the group's list, which is what the front routes
+to), ``drain`` waits until nothing is open on them (requests and WebSocket tunnels, up to the group's
+``drain_timeout``), then they are stopped. A reload does not wait for that.
+
+Every worker ever started and not yet stopped is in ``_alive``, whichever list it is in (a group's, being
+launched, retiring, being replaced): ``stop_all`` reaches each of them, in parallel, within one grace.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
 
 from elasticd.config import Config
 from elasticd.supervisor.plan import Desired, GroupKey, Plan, Running, plan
@@ -19,6 +28,11 @@ from elasticd.supervisor.spawn import WorkerSpec, spec_for
 from elasticd.supervisor.worker import Worker
 
 __all__ = ["ApplyResult", "Supervisor"]
+
+log = logging.getLogger("elasticd.supervisor")
+
+# (the workers leaving, the longest they may take) → returns once nothing is open on them, or at the timeout
+DrainFn = Callable[[list[Worker], float], Awaitable[None]]
 
 
 # How long a start or reload waits for new workers to accept connections before it reports them.
@@ -29,6 +43,8 @@ START_WAIT = 30.0
 class ApplyResult:
     plan: Plan
     problems: list[str]
+    # Done once the workers of removed groups have drained and stopped (their cgroups can go then).
+    retired: list[asyncio.Task[None]] = field(default_factory=list)
 
 
 class _Group:
@@ -41,8 +57,8 @@ class _Group:
 
 
 class Supervisor:
-    __slots__ = ("_groups", "_launching", "_lock", "leaf_for", "occupancy_interval", "on_worker_state",
-                 "runtime_dir", "start_wait", "stop_timeout")
+    __slots__ = ("_alive", "_background", "_groups", "_lock", "drain", "leaf_for", "occupancy_interval",
+                 "on_worker_state", "runtime_dir", "start_wait", "stop_timeout", "stopping")
 
     def __init__(self, runtime_dir: str, leaf_for: Callable[[str, str], str | None], *,
                  stop_timeout: float = 10.0, occupancy_interval: float = 5.0,
@@ -54,10 +70,11 @@ class Supervisor:
         self.start_wait = start_wait
         self.on_worker_state: Callable[[Worker], None] | None = None
         self._groups: dict[GroupKey, _Group] = {}
-        # Started by a start or reload and not yet in their group (that waits until they are routable): they
-        # run, and announce themselves on the channel, meanwhile.
-        self._launching: dict[str, Worker] = {}
+        self._alive: dict[str, Worker] = {}
+        self._background: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
+        self.drain: DrainFn | None = None  # the daemon's: waits on the front's open requests and tunnels
+        self.stopping = False
 
     # ------------------------------------------------------------------ views
 
@@ -66,8 +83,15 @@ class Supervisor:
             yield from entry.workers
 
     def find(self, worker_id: str) -> Worker | None:
-        found = next((w for w in self.workers() if w.id == worker_id), None)
-        return found if found is not None else self._launching.get(worker_id)
+        """Any worker started and not yet stopped (a retiring one still reports on the channel)."""
+        return self._alive.get(worker_id)
+
+    def held(self, key: GroupKey) -> int:
+        """Every worker of the group that has not stopped, in any state and any list: max_workers counts these."""
+        return sum(1 for w in self._alive.values() if (w.tenant, w.app, w.group) == key)
+
+    def alive(self) -> list[Worker]:
+        return list(self._alive.values())
 
     def status(self) -> dict[GroupKey, list[dict[str, object]]]:
         return {key: [w.describe() for w in entry.workers] for key, entry in self._groups.items()}
@@ -85,7 +109,7 @@ class Supervisor:
         return {
             (tenant.name, app.name, group.name):
                 Desired(spec_for(app, group, self.leaf_for(tenant.name, app.name)), group.pool.min_workers,
-                        group.pool.max_workers)
+                        group.pool.max_workers, group.pool.drain_timeout)
             for tenant, app, group in config.groups()
         }
 
@@ -98,8 +122,8 @@ class Supervisor:
             running = {key: Running(entry.desired.spec, len(entry.workers)) for key, entry in self._groups.items()}
             todo = plan(running, desired)
             problems: list[str] = []
-            # Removed groups first (their traffic is already routed away), then what needs new processes.
-            await asyncio.gather(*(self._stop_group(key) for key in todo.stop))
+            # Removed groups first (their traffic is already routed away): drained and stopped in the background.
+            retired = [task for key in todo.stop if (task := self._stop_group(key)) is not None]
             results = await asyncio.gather(
                 *(self._start_group(key, desired[key]) for key in todo.start),
                 *(self._replace_group(key, desired[key]) for key in todo.replace),
@@ -111,36 +135,41 @@ class Supervisor:
                 # Unchanged, but a failed worker gets a fresh chance: a reload is the operator's retry.
                 self._groups[key].desired = desired[key]
                 problems.extend(await self._revive_failed(key))
-            return ApplyResult(todo, problems)
+            return ApplyResult(todo, problems, retired)
 
     # ------------------------------------------------------------------ the elastic pool's hands
 
-    def add_worker(self, key: GroupKey) -> Worker:
+    def add_worker(self, key: GroupKey) -> Worker | None:
         """Start one more worker in a group (scale-up). It joins the group at once; it is routable, and so
-        counted by the pool as more than a spawn in flight, once its socket accepts."""
-        entry = self._groups[key]
+        counted by the pool as more than a spawn in flight, once its socket accepts. None while stopping or
+        for a group that is not running."""
+        entry = self._groups.get(key)
+        if entry is None or self.stopping:
+            return None
         worker = self._new_worker(key, entry, entry.desired.spec)
         entry.workers.append(worker)
         worker.start()
         return worker
 
     async def retire(self, worker_id: str) -> None:
-        """Take a worker out of its group and stop it gracefully (compaction's last step)."""
+        """Take a worker out of its group and stop it gracefully (compaction's last step; the pool drained it)."""
         for entry in self._groups.values():
             for worker in entry.workers:
                 if worker.id == worker_id:
                     entry.workers.remove(worker)
-                    await worker.stop(self.stop_timeout)
+                    await self._stop(worker, self.stop_timeout)
                     return
 
     async def replace_worker(self, worker_id: str) -> None:
-        """A new worker in the group, then the old one stopped (a hung worker: the grace ends in SIGKILL)."""
+        """A hung worker: killed at once (it answers no signal it could handle, and its grace would only delay
+        the replacement), then a new one in the group. Killed first, so the group never holds more than
+        max_workers."""
         for key, entry in self._groups.items():
             for worker in entry.workers:
                 if worker.id == worker_id:
                     entry.workers.remove(worker)
+                    await self._stop(worker, 0.0)
                     self.add_worker(key)
-                    await worker.stop(self.stop_timeout)
                     return
 
     def workers_of(self, key: GroupKey) -> list[Worker]:
@@ -148,8 +177,16 @@ class Supervisor:
         return list(entry.workers) if entry else []
 
     async def stop_all(self) -> None:
-        async with self._lock:
-            await asyncio.gather(*(self._stop_group(key) for key in list(self._groups)))
+        """Every worker alive, in parallel, each with the grace then SIGKILL: bounded by one stop_timeout.
+
+        Not under the lock: an apply in progress (waiting for workers to become routable) must not delay a
+        stop; the daemon cancels it first, and whatever it had launched is in ``_alive`` all the same."""
+        self.stopping = True
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        self._groups.clear()
+        await self._stop_workers(list(self._alive.values()))
 
     # ------------------------------------------------------------------ the steps
 
@@ -159,19 +196,50 @@ class Supervisor:
         worker = Worker(f"{tenant}.{app}.{group}.{entry.counter}", tenant, app, group, spec,
                         runtime_dir=self.runtime_dir, occupancy_interval=self.occupancy_interval)
         worker.on_state = self.on_worker_state
+        self._alive[worker.id] = worker  # before it starts: from here on, stop_all reaches it
         return worker
+
+    async def _stop(self, worker: Worker, grace: float) -> None:
+        try:
+            await worker.stop(grace)
+        finally:
+            if self._alive.get(worker.id) is worker:
+                del self._alive[worker.id]
+
+    def _retire_later(self, workers: list[Worker], drain_timeout: float) -> asyncio.Task[None] | None:
+        """Drain, then stop, in the background (the workers are already out of their group's list)."""
+        if not workers:
+            return None
+
+        async def retire() -> None:
+            # Cancelled only by stop_all, which stops every alive worker itself: no stop here on cancellation.
+            if self.drain is not None:
+                try:
+                    await self.drain(workers, drain_timeout)
+                except Exception:
+                    log.exception("waiting for %s to drain failed; stopping them now", ", ".join(w.id for w in workers))
+            await self._stop_workers(workers)
+
+        task = asyncio.get_running_loop().create_task(retire(), name=f"retire {', '.join(w.id for w in workers)}")
+        self._background.add(task)
+        task.add_done_callback(self._retired)
+        return task
+
+    def _retired(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("retiring workers failed", exc_info=task.exception())
 
     async def _launch(self, key: GroupKey, entry: _Group, spec: WorkerSpec, count: int) -> tuple[list[Worker],
                                                                                                    list[str]]:
+        # Not in their group until routable (or the wait ends); they run, and announce themselves on the
+        # channel, meanwhile — find() and stop_all know them through _alive.
+        if self.stopping:
+            return [], []
         fresh = [self._new_worker(key, entry, spec) for _ in range(count)]
-        self._launching.update((w.id, w) for w in fresh)
-        try:
-            for worker in fresh:
-                worker.start()
-            ready = await asyncio.gather(*(w.wait_routable(self.start_wait) for w in fresh))
-        finally:
-            for worker in fresh:
-                self._launching.pop(worker.id, None)
+        for worker in fresh:
+            worker.start()
+        ready = await asyncio.gather(*(w.wait_routable(self.start_wait) for w in fresh))
         problems = [f"worker {w.id} is not routable ({w.state}) after {self.start_wait:g}s"
                     for w, ok in zip(fresh, ready, strict=True) if not ok]
         return fresh, problems  # the daemon logs them, with the rest of an activation's problems
@@ -189,7 +257,7 @@ class Supervisor:
         if any(w.routable for w in fresh) or not any(w.routable for w in old):
             entry.workers = fresh
             entry.desired = want
-            await self._stop_workers(old)
+            self._retire_later(old, want.drain_timeout)
         else:
             # The new definition does not come up while the old one serves: keep serving the old one.
             problems.append(f"group {'/'.join(key)}: the new definition did not start; the previous workers "
@@ -206,7 +274,7 @@ class Supervisor:
         if surplus > 0:
             # The newest go first: the oldest is the reception users were born on.
             leaving, entry.workers = entry.workers[target:], entry.workers[:target]
-            await self._stop_workers(leaving)
+            self._retire_later(leaving, want.drain_timeout)
             return []
         fresh, problems = await self._launch(key, entry, want.spec, -surplus)
         entry.workers.extend(fresh)
@@ -223,10 +291,11 @@ class Supervisor:
         entry.workers.extend(fresh)
         return problems
 
-    async def _stop_group(self, key: GroupKey) -> None:
+    def _stop_group(self, key: GroupKey) -> asyncio.Task[None] | None:
         entry = self._groups.pop(key, None)
-        if entry is not None:
-            await self._stop_workers(entry.workers)
+        if entry is None:
+            return None
+        return self._retire_later(entry.workers, entry.desired.drain_timeout)
 
     async def _stop_workers(self, workers: list[Worker]) -> None:
-        await asyncio.gather(*(w.stop(self.stop_timeout) for w in workers))
+        await asyncio.gather(*(self._stop(w, self.stop_timeout) for w in workers))

@@ -2,7 +2,11 @@
 
     from elasticd.worker import setup
     app = web.Application()
-    setup(app, concurrency=8)   # middleware + channel client, started and stopped with the app
+    setup(app, concurrency=8)   # middleware + channel client + loop heartbeat, started and stopped with the app
+
+The channel client reports from a thread of its own, so a handler that holds the event loop cannot silence the
+sensor; the heartbeat on the app's loop puts the loop's lag in each report, so elasticd tells a loop that is
+busy (CPU advancing) from one that is wedged (deadlocked while idle).
 
 A worker that does not use it is sensed by elasticd itself (process-tree cpu and rss, open requests).
 """
@@ -14,10 +18,11 @@ import os
 from aiohttp import web
 
 from elasticd.worker.channel import ChannelClient
+from elasticd.worker.heartbeat import Heartbeat, heartbeat_period
 from elasticd.worker.middleware import USER_HEADER, sensor_middleware, system_route
 from elasticd.worker.sensor import Sensor
 
-__all__ = ["USER_HEADER", "ChannelClient", "Sensor", "sensor_middleware", "setup", "system_route"]
+__all__ = ["USER_HEADER", "ChannelClient", "Heartbeat", "Sensor", "sensor_middleware", "setup", "system_route"]
 
 
 def setup(app: web.Application, concurrency: int | None = None) -> Sensor:
@@ -25,13 +30,17 @@ def setup(app: web.Application, concurrency: int | None = None) -> Sensor:
     interval = float(os.environ.get("ELASTIC_OCCUPANCY_INTERVAL", "5"))
     sensor = Sensor(total, window=interval)
     app.middlewares.append(sensor_middleware(sensor))
-    client = ChannelClient(sensor.report)
+    client = ChannelClient(sensor.report, interval=interval)
+    heartbeat = Heartbeat(sensor, heartbeat_period(interval))
 
     async def start(_app: web.Application) -> None:
+        if client.configured:  # no channel, no report: a heartbeat would beat for nobody
+            heartbeat.start()  # before the client, so the first report has a lag
         client.start()
 
     async def stop(_app: web.Application) -> None:
-        await client.stop()
+        client.stop()  # the join is prompt: stop() wakes the thread from any wait
+        heartbeat.stop()
 
     app.on_startup.append(start)
     app.on_cleanup.append(stop)

@@ -1,5 +1,10 @@
 """TRANSPORT, the worker side: announce on ``ELASTIC_CHANNEL`` and push the report every interval.
 
+The client runs in a daemon thread of its own with a plain blocking socket, not as a task on the app's event
+loop: a handler that holds the loop (a synchronous, CPU-bound view) would otherwise silence the sensor, and
+elasticd would take the busiest worker there is for a hung one. The loop's health is reported instead, as the
+report's ``loop_lag`` (see ``heartbeat``), so a busy loop and a wedged one are told apart.
+
 Newline-delimited JSON over the Unix socket: one object per line, easy to read in any language and to
 refuse line by line. If elasticd is not there (restarting), the client retries with a capped backoff; a
 report is never queued for later (an old reading is confidently wrong, a missing one merely imprecise).
@@ -7,24 +12,28 @@ report is never queued for later (an old reading is confidently wrong, a missing
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 import os
+import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ChannelClient"]
+__all__ = ["MAX_LINE", "ChannelClient"]
 
 log = logging.getLogger("elasticd.worker.channel")
 
 CAPABILITIES = ["occupancy"]
+MAX_LINE = 65536  # as elasticd's side: a longer line from it is a broken stream
+_FIRST_DELAY = 0.1  # the backoff's first retry; it doubles up to the interval
+_ANNOUNCE_TIMEOUT = 1.0  # at least this long for elasticd to answer the announce
 
 
 class ChannelClient:
-    __slots__ = ("_report", "_task", "interval", "path", "token", "worker_id")
+    __slots__ = ("_lock", "_report", "_sock", "_stop", "_thread", "interval", "path", "token", "worker_id")
 
     def __init__(self, report: Callable[[float], dict[str, Any]], *, path: str | None = None,
                  worker_id: str | None = None, token: str | None = None, interval: float | None = None) -> None:
@@ -34,61 +43,142 @@ class ChannelClient:
         self.token = token or os.environ.get("ELASTIC_TOKEN", "")
         self.interval = interval or float(os.environ.get("ELASTIC_OCCUPANCY_INTERVAL", "5"))
         self._report = report
-        self._task: asyncio.Task[None] | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # guards _sock: stop() shuts it down to wake the thread
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
 
     @property
     def configured(self) -> bool:
         return bool(self.path and self.worker_id and self.token)
 
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def start(self) -> None:
-        if self.configured and self._task is None:
-            self._task = asyncio.create_task(self._run(), name="elastic channel")
+        """Start the reporting thread; a no-op when already running or not configured."""
+        if not self.configured or self.running:
+            return
+        # An event per thread: one that outlived its stop's join (stuck in a report) still sees its own set.
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(self._stop,), name="elastic channel", daemon=True)
+        self._thread.start()
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+    def stop(self, timeout: float = 0.5) -> None:
+        """Signal the thread, wake it from any wait and join it (at most ``timeout``: it is a daemon thread)."""
+        self._stop.set()
+        with self._lock:
+            if self._sock is not None:
+                with contextlib.suppress(OSError):
+                    self._sock.shutdown(socket.SHUT_RDWR)
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
-    async def _run(self) -> None:
-        delay = 0.1
-        while True:
+    # ------------------------------------------------------------------ the thread
+
+    def _run(self, stop: threading.Event) -> None:
+        delay = _FIRST_DELAY
+        last_error = ""
+        while not stop.is_set():
+            sock = None
             try:
-                await self._session()
-                delay = 0.1
-            except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
-                log.debug("channel %s: %s; retrying in %.1fs", self.path, exc, delay)
-            await asyncio.sleep(delay)
+                sock, buffer = self._connect(stop)
+                delay, last_error = _FIRST_DELAY, ""
+                self._push(sock, buffer, stop)
+            except (OSError, ValueError) as exc:  # ConnectionError, timeouts, bad JSON, a refused announce
+                if not stop.is_set():
+                    # Each new kind of failure is worth a line; the same one again while retrying is not.
+                    error = str(exc)
+                    level = logging.DEBUG if error == last_error else logging.WARNING
+                    log.log(level, "channel %s: %s; retrying in %.1fs", self.path, error, delay)
+                    last_error = error
+            except Exception:  # a bug of ours (or of the report callable): never let the sensor die silently
+                log.exception("channel %s: unexpected error; retrying in %.1fs", self.path, delay)
+            finally:
+                if sock is not None:
+                    self._close(sock)
+            if stop.wait(delay):
+                break
             delay = min(delay * 2, self.interval)
 
-    async def _session(self) -> None:
-        reader, writer = await asyncio.open_unix_connection(self.path)
+    def _connect(self, stop: threading.Event) -> tuple[socket.socket, bytearray]:
+        """A connection whose announce was accepted, and what was read past the answer."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            await self._send(writer, {"type": "announce", "worker": self.worker_id, "token": self.token,
-                                      "pid": os.getpid(), "capabilities": CAPABILITIES})
-            reply = json.loads(await reader.readline() or b"{}")
-            if reply.get("type") != "ok":
-                raise ValueError(f"announce refused: {reply.get('reason', reply)}")
-            listener = asyncio.create_task(self._listen(reader))
-            try:
-                while not listener.done():
-                    await self._send(writer, {"type": "occupancy", "report": self._report(time.monotonic())})
-                    await asyncio.wait({listener}, timeout=self.interval)
-            finally:
-                listener.cancel()
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+            sock.settimeout(_ANNOUNCE_TIMEOUT)  # stop() cannot wake a connect: keep it short
+            sock.connect(self.path)
+            with self._lock:
+                if stop.is_set():
+                    raise ConnectionAbortedError("stopping")
+                self._sock = sock
+            _send(sock, {"type": "announce", "worker": self.worker_id, "token": self.token, "pid": os.getpid(),
+                         "capabilities": CAPABILITIES})
+            buffer = bytearray()
+            deadline = time.monotonic() + max(self.interval, _ANNOUNCE_TIMEOUT)
+            lines: list[bytes] = []
+            while not lines:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError("no answer to the announce")
+                lines = _receive(sock, buffer, deadline)
+            reply = json.loads(lines[0])
+            if not isinstance(reply, dict) or reply.get("type") != "ok":
+                reason = reply.get("reason", reply) if isinstance(reply, dict) else reply
+                raise ValueError(f"announce refused: {reason}")
+            for line in lines[1:]:
+                _handle(line)
+            return sock, buffer
+        except BaseException:
+            self._close(sock)
+            raise
 
-    async def _listen(self, reader: asyncio.StreamReader) -> None:
-        while line := await reader.readline():
-            message = json.loads(line)
-            if message.get("type") == "error":
-                log.warning("elasticd refused a message: %s", message.get("reason"))
+    def _push(self, sock: socket.socket, buffer: bytearray, stop: threading.Event) -> None:
+        """A report now and then every interval at a fixed rate, reading elasticd's lines in between."""
+        due = time.monotonic()
+        while not stop.is_set():
+            sock.settimeout(self.interval)  # a daemon that reads nothing must not hold the thread forever
+            _send(sock, {"type": "occupancy", "report": self._report(time.monotonic())})
+            due += self.interval
+            now = time.monotonic()
+            if due <= now:  # late (the report or the send took an interval): skip the tick, never catch up
+                due = now + self.interval
+            while not stop.is_set() and time.monotonic() < due:
+                for line in _receive(sock, buffer, due):
+                    _handle(line)
 
-    @staticmethod
-    async def _send(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
-        writer.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
-        await writer.drain()
+    def _close(self, sock: socket.socket) -> None:
+        with self._lock:
+            if self._sock is sock:
+                self._sock = None
+        sock.close()
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+    sock.sendall(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+
+
+def _receive(sock: socket.socket, buffer: bytearray, deadline: float) -> list[bytes]:
+    """The whole lines that arrived by ``deadline`` in one read (maybe none); the rest stays in ``buffer``."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return []
+    sock.settimeout(remaining)
+    try:
+        data = sock.recv(65536)
+    except TimeoutError:
+        return []
+    if not data:
+        raise ConnectionResetError("elasticd closed the channel")
+    buffer += data
+    *lines, rest = buffer.split(b"\n")
+    if len(rest) > MAX_LINE:
+        raise ValueError(f"a line from elasticd longer than {MAX_LINE} bytes")
+    buffer[:] = rest
+    return [bytes(line) for line in lines if line.strip()]
+
+
+def _handle(line: bytes) -> None:
+    message = json.loads(line)
+    if isinstance(message, dict) and message.get("type") == "error":
+        log.warning("elasticd refused a message: %s", message.get("reason"))

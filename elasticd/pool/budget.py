@@ -1,0 +1,158 @@
+"""The group's cgroup budget: what the tenant's cgroup can still give one more worker (seed 000 + ADR-0010).
+
+Pure: the sampler's recent samples of the tenant's cgroup (oldest first) and the limits elasticd wrote in, a
+``Budget`` out; then ``holds`` says which limits bind, each with its numbers. The policies read two things
+from it:
+
+- the CPU *wall* of one worker: ``min(1 core, the tenant's cpu.max in cores)`` — a Python worker cannot use
+  more than one core (the GIL), and none can use more than its cgroup's quota, so a worker at 0.5 core under a
+  0.5-core quota is saturated (``evaluator.row_components`` divides by it);
+- the *holds*: a scale-up that cannot help is held, not made. Every worker of a tenant shares the tenant's
+  cpu.max, memory.max and pids.max, so when the tenant is at its quota a new worker adds contention and
+  memory, not capacity; when memory.current plus one more worker would pass memory.max, it adds OOM kills.
+
+Two windows, on purpose. CPU is read over the last ``CPU_SAMPLES`` samples (two sampler intervals): the hold
+is a veto on a scale-up the smoothed occupancy has just asked for, and the occupancy's own 6-report window
+lags the very saturation the veto must see (at the moment the smoothed occupancy crosses its threshold, the
+load has run about half that window). Memory events (``max``, ``oom_kill``) are counted over every sample
+given (the shell keeps about one smoothing window of them): an OOM kill a minute ago still says "no room".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from elasticd.accounting.sample import Sample
+from elasticd.model import Pool, Resources
+
+__all__ = ["CPU_SAMPLES", "Budget", "Hold", "Reading", "budget_of", "cpu_wall", "holds"]
+
+CPU_SAMPLES = 3  # the latest sample and the two before it: a rate over two sampler intervals
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What the tenant's cgroup measured over the window (None where a file was missing or a counter reset)."""
+
+    span: float  # seconds between the samples the CPU rate comes from
+    cpu_cores: float | None  # usage rate, in cores
+    throttled_share: float | None  # throttled periods / periods over the same span
+    memory: int | None  # memory.current, latest
+    memory_events: Mapping[str, int] = field(default_factory=dict)  # increases of high/max/oom_kill
+    pids: int | None = None  # pids.current, latest
+    pressure: Mapping[str, float] = field(default_factory=dict)  # PSI "some avg10" (percent) of cpu/memory/io
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    cpu_quota: float | None  # cores; None: no cpu.max (or cgroups not enforced)
+    memory_max: int | None
+    pids_max: int | None
+    reading: Reading | None  # None: fewer than two samples yet, or cgroups not enforced
+
+    @property
+    def wall(self) -> float:
+        return cpu_wall(self.cpu_quota)
+
+
+UNLIMITED = Budget(None, None, None, None)  # cgroups not enforced: nothing binds, the wall is one core
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    resource: str  # cpu | memory | pids
+    reason: str
+    numbers: Mapping[str, Any]
+
+
+def cpu_wall(quota_cores: float | None) -> float:
+    return 1.0 if quota_cores is None else min(1.0, quota_cores)
+
+
+def _delta(new: int | None, old: int | None) -> int | None:
+    if new is None or old is None or new < old:  # a missing file, or a counter reset (a re-made cgroup)
+        return None
+    return new - old
+
+
+def budget_of(samples: Sequence[Sample], resources: Resources) -> Budget:
+    """``samples``: the tenant cgroup's recent samples, oldest first; ``resources``: the limits in force."""
+    quota = resources.cpu / 100.0 if resources.cpu is not None else None
+    if len(samples) < 2:
+        return Budget(quota, resources.memory, resources.pids, None)
+    last = samples[-1]
+    first_cpu = samples[-min(CPU_SAMPLES, len(samples))]
+    span = last.ts - first_cpu.ts
+    cpu_cores = throttled = None
+    if span > 0:
+        used = _delta(last.cpu_usage_usec, first_cpu.cpu_usage_usec)
+        cpu_cores = used / 1e6 / span if used is not None else None
+        periods = _delta(last.cpu_periods, first_cpu.cpu_periods)
+        throttled_periods = _delta(last.cpu_throttled_periods, first_cpu.cpu_throttled_periods)
+        if periods is not None and throttled_periods is not None:
+            throttled = throttled_periods / periods if periods else 0.0
+    events: dict[str, int] = {}
+    first = samples[0]
+    if last.memory_events is not None and first.memory_events is not None:
+        for name in ("high", "max", "oom_kill"):
+            grew = _delta(last.memory_events.get(name), first.memory_events.get(name))
+            if grew is not None:
+                events[name] = grew
+    pressure = {name: p.some_avg10 for name, p in (("cpu", last.cpu_pressure), ("memory", last.memory_pressure),
+                                                    ("io", last.io_pressure)) if p is not None}
+    reading = Reading(span, cpu_cores, throttled, last.memory_bytes, events, last.pids, pressure)
+    return Budget(quota, resources.memory, resources.pids, reading)
+
+
+def holds(budget: Budget, pool: Pool, *, worker_rss: float | None, worker_pids: float | None) -> list[Hold]:
+    """The limits that would leave one more worker with nothing, each with the numbers behind it.
+
+    ``worker_rss``: the group's mean worker RSS (bytes) from its latest readings; ``worker_pids``: the mean
+    processes per worker of the tenant. None where unknown (then only the current use is compared).
+    """
+    reading = budget.reading
+    if reading is None:
+        return []
+    found: list[Hold] = []
+    quota = budget.cpu_quota
+    if quota is not None and reading.cpu_cores is not None:
+        used = reading.cpu_cores / quota
+        throttled = reading.throttled_share
+        numbers: dict[str, Any] = {"usage_cores": round(reading.cpu_cores, 4), "quota_cores": round(quota, 4),
+                                   "usage_share": round(used, 4),
+                                   "throttled_share": None if throttled is None else round(throttled, 4),
+                                   "span_seconds": round(reading.span, 3),
+                                   "cpu_pressure_avg10": reading.pressure.get("cpu")}
+        if used >= pool.cpu_held_at:
+            found.append(Hold("cpu", f"the tenant uses {used:.0%} of its cpu.max ({quota:g} cores; held at "
+                                     f"{pool.cpu_held_at:.0%}): a new worker would share the same quota", numbers))
+        elif throttled is not None and throttled > pool.throttled_held_at:
+            found.append(Hold("cpu", f"the tenant was throttled in {throttled:.0%} of its periods (held over "
+                                     f"{pool.throttled_held_at:.0%}): a new worker would share the same quota",
+                              numbers))
+    memory_max = budget.memory_max
+    if memory_max is not None and reading.memory is not None:
+        projected = reading.memory + (worker_rss or 0.0)
+        hit = reading.memory_events.get("max", 0)
+        killed = reading.memory_events.get("oom_kill", 0)
+        numbers = {"memory_bytes": reading.memory, "worker_rss_bytes": None if worker_rss is None else int(worker_rss),
+                   "memory_max_bytes": memory_max, "projected_share": round(projected / memory_max, 4),
+                   "events": dict(reading.memory_events), "memory_pressure_avg10": reading.pressure.get("memory")}
+        if killed or hit:
+            what = f"{killed} OOM kill(s)" if killed else f"memory.max reached {hit} time(s)"
+            found.append(Hold("memory", f"the tenant had {what} within the window: a new worker would add OOM "
+                                        "kills, not capacity", numbers))
+        elif projected > pool.memory_held_at * memory_max:
+            found.append(Hold("memory", f"memory.current plus one more worker would be {projected / memory_max:.0%} "
+                                        f"of memory.max (held over {pool.memory_held_at:.0%})", numbers))
+    pids_max = budget.pids_max
+    if pids_max is not None and reading.pids is not None:
+        projected = reading.pids + (worker_pids or 0.0)
+        if projected > pool.pids_held_at * pids_max:
+            found.append(Hold("pids", f"pids.current plus one more worker would be {projected / pids_max:.0%} of "
+                                      f"pids.max (held over {pool.pids_held_at:.0%})",
+                              {"pids": reading.pids, "worker_pids": worker_pids, "pids_max": pids_max,
+                               "projected_share": round(projected / pids_max, 4)}))
+    return found
