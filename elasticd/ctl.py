@@ -226,7 +226,11 @@ def render_pool(data: dict[str, Any]) -> str:
                    f"(min {t['min_workers']}, max {t['max_workers'] or 'unbounded'}); thresholds reception "
                    f"{t['reception']:g}, admission {t['admission']:g}, margin {t['compaction_margin']:g}")
         out.append(f"ledger: C={book['C']:.2f} O={book['O']:.2f} H={book['H']:.2f} "
-                   f"(compacts while H > {book['trigger']:.2f})")
+                   f"(compacts while H > {book['trigger']:.2f}); CPU wall {group.get('cpu_wall', 1.0):g} core")
+        held = group.get("held")
+        if held:
+            out.append(f"HELD by the tenant's {', '.join(held['resources'])} limit: {held['reason']}")
+            out.append("  more workers would not help: raise the tenant's limit (elasticctl limit TENANT ...)")
         rows = []
         for w in group["workers"]:
             role = "reception" if w["reception"] else "draining" if w["draining"] else \

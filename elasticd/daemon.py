@@ -25,7 +25,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,7 @@ class ReloadResult:
 
 class Daemon:
     __slots__ = (
+        "_controllers",
         "_reload_lock",
         "_stop",
         "_tasks",
@@ -118,6 +119,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()  # activations, reloads, cgroup removals: cancelled at stop
         self._upstream_of: dict[str, Upstream] = {}
+        self._controllers: dict[str, frozenset[str]] = {}  # per tenant, read at each activation
 
     # ------------------------------------------------------------------ wiring for the parts
 
@@ -129,7 +131,13 @@ class Daemon:
         (none when cgroups are not enforced: then no limit is real, and none holds a scale-up)."""
         if not self.cgroups.enforced or tenant not in self.config.tenants:
             return UNLIMITED
-        return budget_of(self.sampler.history(("tenant", tenant)), self.limits.resources_of(tenant))
+        resources = self.limits.resources_of(tenant)
+        # A limit whose controller the tenant's group lacks is not enforced: it binds nothing.
+        have = self._controllers.get(tenant, frozenset())
+        resources = replace(resources, cpu=resources.cpu if "cpu" in have else None,
+                            memory=resources.memory if "memory" in have else None,
+                            pids=resources.pids if "pids" in have else None)
+        return budget_of(self.sampler.history(("tenant", tenant)), resources)
 
     def _upstreams(self, tenant: str, app: str, group: str) -> list[Upstream]:
         """Called by the front for every request: one pass, and each worker's Upstream made once."""
@@ -173,6 +181,7 @@ class Daemon:
         # Run-time overrides are written over the config's values, so a reload does not undo them.
         problems = self.cgroups.write(config, lambda t: effective(config.tenants[t].resources,
                                                                    self.limits.overrides.get(t, {})))
+        self._controllers = self.cgroups.controllers(config)
         # Routes first: a removed app stops receiving traffic before its workers are stopped.
         self.front.set_routes(RouteTable.from_config(config))
         self.front.set_quotas(_quotas(config))

@@ -2,8 +2,8 @@
 
 Run as ``python -m elasticd.demo``, serving on ``ELASTIC_LISTEN`` (``unix:/path.sock`` or ``tcp:HOST:PORT``).
 Routes: ``/``, ``/cpu?ms=``, ``/mem?mb=``, ``/mem/free``, ``/sleep?ms=``, ``/fork?n=``, ``/io?mb=&path=``,
-``/echo`` (``?raw=1`` streams the body back). It holds what it takes (memory, children) until told or until it
-exits: a limit is only proven by something that stays.
+``/echo`` (``?raw=1`` streams the body back), ``/ws`` (a WebSocket echo), ``/login?name=``, ``/logout``. It holds
+what it takes (memory, children) until told or until it exits: a limit is only proven by something that stays.
 """
 
 from __future__ import annotations
@@ -150,6 +150,16 @@ async def echo(request: web.Request) -> web.StreamResponse:
                   "headers": headers, "body_len": body_len})
 
 
+async def ws(request: web.Request) -> web.WebSocketResponse:
+    """A WebSocket that echoes each text message with this worker's id: a long-lived connection to a worker."""
+    socket = web.WebSocketResponse()
+    await socket.prepare(request)
+    async for message in socket:
+        if message.type == web.WSMsgType.TEXT:
+            await socket.send_str(f"{WORKER}: {message.data}")
+    return socket
+
+
 async def login(request: web.Request) -> web.Response:
     name = request.query.get("name", "")
     if not name or len(name) > 200 or not name.isprintable():
@@ -166,7 +176,7 @@ def make_app() -> web.Application:
     app = web.Application()
     app.add_routes([web.get("/", index), web.get("/cpu", cpu), web.get("/mem", mem),
                     web.get("/mem/free", mem_free), web.get("/sleep", sleep), web.get("/fork", fork),
-                    web.get("/io", io), web.route("*", "/echo", echo), web.get("/login", login),
+                    web.get("/io", io), web.route("*", "/echo", echo), web.get("/ws", ws), web.get("/login", login),
                     web.get("/logout", logout)])
     # The occupancy sensor and its channel (elasticd.worker), unless asked to be sensed from outside like a
     # worker in any language would be (DEMO_SENSORLESS=1).

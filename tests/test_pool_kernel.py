@@ -3,6 +3,8 @@ once, the hard cap, the liveness rule (busy is not hung) and the drain rule (a t
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 
 from elasticd.accounting.parse import Pressure
@@ -34,7 +36,7 @@ def test_budget_rates_over_the_last_two_sampler_intervals():
     # 0-5 s idle, then 5-15 s at 0.5 core: the rate over the last three samples sees the load, not the window.
     samples = [sample(0, usage_s=0), sample(5, usage_s=0.0, periods=50), sample(10, usage_s=2.5, periods=100,
                throttled=40), sample(15, usage_s=5.0, periods=150, throttled=90, psi=12.5)]
-    b = budget_of(samples, Resources(cpu=50.0))
+    b = budget_of(deque(samples, maxlen=8), Resources(cpu=50.0))  # the sampler keeps a deque
     assert b.cpu_quota == 0.5 and b.wall == 0.5
     assert b.reading is not None
     assert b.reading.cpu_cores == pytest.approx(0.5)
@@ -139,6 +141,20 @@ CAPACITY = [
     ("under the cap counting every state", [0.9, 0.95], 0, 2, 3, [], "scale-up"),
     ("unbounded", [0.9] * 9, 0, 9, None, [], "scale-up"),
 ]
+
+
+def test_no_scale_up_before_the_first_cgroup_reading():
+    pending = budget_of([sample(0)], Resources(cpu=50.0))
+    assert pending.pending and not UNLIMITED.pending
+    views = [WorkerView("r", 0.9)]
+    assert check_capacity(views, POOL, spawning=0, measuring=pending.pending) is None
+    assert check_capacity(views, POOL, spawning=0, measuring=False).kind == "scale-up"
+
+
+def test_a_file_that_appeared_late_still_gives_a_rate():
+    late = [Sample(0.0), sample(5, usage_s=1.0, periods=50), sample(10, usage_s=3.5, periods=100)]
+    b = budget_of(late, Resources(cpu=50.0))
+    assert b.reading is not None and b.reading.cpu_cores == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize(("name", "occ", "spawning", "held", "maximum", "binding", "kind"), CAPACITY,

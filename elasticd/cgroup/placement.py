@@ -88,6 +88,13 @@ class Placement:
                                               [app.root for app in tenant.apps.values()]))
         return problems
 
+    def controllers(self, config: Config) -> dict[str, frozenset[str]]:
+        """Per tenant, the controllers its group has (whose limits the kernel enforces there)."""
+        tree = self.tree
+        if tree is None:
+            return {}
+        return {name: tree.controllers_of(name) for name in config.tenants}
+
     def write_tenant(self, config: Config, tenant: str, resources: Resources) -> list[str]:
         if self.tree is None:
             return ["cgroups are not enforced: the limits are recorded but no kernel file was written"]

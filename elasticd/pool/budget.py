@@ -51,10 +51,23 @@ class Budget:
     memory_max: int | None
     pids_max: int | None
     reading: Reading | None  # None: fewer than two samples yet, or cgroups not enforced
+    # Enforced, but no reading to decide on yet (fewer than two samples: just started, a new tenant; or a
+    # cpu.max in force and no CPU rate): a scale-up waits for one — two sampler intervals — rather than being
+    # made blind. The daemon gives no cpu quota where the cpu controller is missing, so this cannot last.
+    pending: bool = False
 
     @property
     def wall(self) -> float:
         return cpu_wall(self.cpu_quota)
+
+    def numbers(self) -> dict[str, Any]:
+        """For the decision journal: what the tenant's cgroup said when the pool decided."""
+        r = self.reading
+        return {"cpu_quota_cores": self.cpu_quota, "memory_max_bytes": self.memory_max, "pids_max": self.pids_max,
+                "cpu_usage_cores": None if r is None or r.cpu_cores is None else round(r.cpu_cores, 4),
+                "throttled_share": None if r is None or r.throttled_share is None else round(r.throttled_share, 4),
+                "memory_bytes": None if r is None else r.memory, "pids": None if r is None else r.pids,
+                "span_seconds": None if r is None else round(r.span, 3)}
 
 
 UNLIMITED = Budget(None, None, None, None)  # cgroups not enforced: nothing binds, the wall is one core
@@ -81,16 +94,20 @@ def budget_of(samples: Sequence[Sample], resources: Resources) -> Budget:
     """``samples``: the tenant cgroup's recent samples, oldest first; ``resources``: the limits in force."""
     quota = resources.cpu / 100.0 if resources.cpu is not None else None
     if len(samples) < 2:
-        return Budget(quota, resources.memory, resources.pids, None)
+        return Budget(quota, resources.memory, resources.pids, None, pending=True)
     last = samples[-1]
-    first_cpu = samples[-min(CPU_SAMPLES, len(samples))]
-    span = last.ts - first_cpu.ts
+    recent = [samples[i] for i in range(-min(CPU_SAMPLES, len(samples)), 0)]  # no slicing: a deque is given
+    # The oldest and newest recent samples that have cpu.stat: a file that appeared late (a controller just
+    # enabled) or one unreadable tick does not blind the reading for two intervals.
+    with_cpu = [s for s in recent if s.cpu_usage_usec is not None]
+    first_cpu, last_cpu = (with_cpu[0], with_cpu[-1]) if with_cpu else (last, last)
+    span = last_cpu.ts - first_cpu.ts
     cpu_cores = throttled = None
     if span > 0:
-        used = _delta(last.cpu_usage_usec, first_cpu.cpu_usage_usec)
+        used = _delta(last_cpu.cpu_usage_usec, first_cpu.cpu_usage_usec)
         cpu_cores = used / 1e6 / span if used is not None else None
-        periods = _delta(last.cpu_periods, first_cpu.cpu_periods)
-        throttled_periods = _delta(last.cpu_throttled_periods, first_cpu.cpu_throttled_periods)
+        periods = _delta(last_cpu.cpu_periods, first_cpu.cpu_periods)
+        throttled_periods = _delta(last_cpu.cpu_throttled_periods, first_cpu.cpu_throttled_periods)
         if periods is not None and throttled_periods is not None:
             throttled = throttled_periods / periods if periods else 0.0
     events: dict[str, int] = {}
@@ -103,7 +120,8 @@ def budget_of(samples: Sequence[Sample], resources: Resources) -> Budget:
     pressure = {name: p.some_avg10 for name, p in (("cpu", last.cpu_pressure), ("memory", last.memory_pressure),
                                                     ("io", last.io_pressure)) if p is not None}
     reading = Reading(span, cpu_cores, throttled, last.memory_bytes, events, last.pids, pressure)
-    return Budget(quota, resources.memory, resources.pids, reading)
+    # A quota in force with no rate to hold it against (an unreadable tick, a counter reset): wait for one.
+    return Budget(quota, resources.memory, resources.pids, reading, pending=quota is not None and cpu_cores is None)
 
 
 def holds(budget: Budget, pool: Pool, *, worker_rss: float | None, worker_pids: float | None) -> list[Hold]:

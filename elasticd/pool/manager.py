@@ -281,13 +281,15 @@ class PoolManager:
         binding = holds(budget, entry.pool, worker_rss=self._mean_rss(entry, views),
                         worker_pids=self._pids_per_worker(key[0], budget))
         decision = check_capacity(views, entry.pool, spawning=len(entry.spawning),
-                                  held=self._supervisor.held(key), holds=binding)
-        if decision is None or decision.kind != "held":
-            if entry.bound:
-                log.info("pool %s: no longer held by the tenant's %s limit", "/".join(key), ", ".join(entry.bound))
-                entry.bound = {}
-            if decision is None:
-                return
+                                  held=self._supervisor.held(key), holds=binding, measuring=budget.pending)
+        # A hold lasts while its limit binds, not only while a scale-up is being asked for: a load that dips
+        # between two reports does not end it (nor start a new one in the journal). A tick without a reading
+        # decides nothing either way.
+        if entry.bound and not budget.pending and (not binding or (decision is not None and decision.kind != "held")):
+            log.info("pool %s: no longer held by the tenant's %s limit", "/".join(key), ", ".join(entry.bound))
+            entry.bound = {}
+        if decision is None:
+            return
         if decision.kind == "held":
             resources = {hold.resource for hold in binding}
             if resources != set(entry.bound):  # a new hold (or another limit): one journal entry, one log line
@@ -299,7 +301,8 @@ class PoolManager:
         if worker is None:
             return  # stopping, or the group is going: nothing to grow
         entry.spawning.add(worker.id)
-        self._record(entry, Decision(decision.kind, worker.id, decision.reason, decision.numbers))
+        self._record(entry, Decision(decision.kind, worker.id, decision.reason,
+                                     {**decision.numbers, "budget": budget.numbers()}))
         log.info("pool %s: scale-up to %d workers (%s)", "/".join(key), len(workers) + 1, decision.reason)
 
     @staticmethod

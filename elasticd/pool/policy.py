@@ -83,11 +83,12 @@ def place_login(workers: Sequence[WorkerView], pool: Pool, *, current: str | Non
 
 
 def check_capacity(workers: Sequence[WorkerView], pool: Pool, *, spawning: int, held: int | None = None,
-                   holds: Sequence[Hold] = ()) -> Decision | None:
+                   holds: Sequence[Hold] = (), measuring: bool = False) -> Decision | None:
     """Rule 3: a scale-up (or ``held``) decision, or None when the group places well or a guard holds.
 
     ``workers``: the routable ones; ``held``: every worker the supervisor holds for the group and has not
-    stopped (the cap counts those; default: the routable ones); ``holds``: the cgroup limits that bind."""
+    stopped (the cap counts those; default: the routable ones); ``holds``: the cgroup limits that bind;
+    ``measuring``: the tenant's cgroup has no reading yet (wait for one rather than grow blind)."""
     if not workers:
         return None
     held = len(workers) if held is None else held
@@ -104,6 +105,8 @@ def check_capacity(workers: Sequence[WorkerView], pool: Pool, *, spawning: int, 
     if spawning:
         return None  # a spawn in flight: wait for it to become routable and be measured
     if pool.max_workers is not None and held >= pool.max_workers:
+        return None
+    if measuring:
         return None
     if holds:
         limits = {hold.resource: dict(hold.numbers) for hold in holds}

@@ -12,6 +12,7 @@ import os
 import re
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -254,6 +255,147 @@ def http_get(port: int, path: str, timeout: float = 30) -> tuple[int, bytes]:
         return response.status, response.read()
     finally:
         conn.close()
+
+
+def metric_samples(name: str, port: int = 9464) -> list[tuple[dict[str, str], float]]:
+    """Every sample of the family ``name`` on elasticd's /metrics: (its labels, its value), in page order.
+    Labels are parsed by name, so their order on the page does not matter."""
+    code, page = http_get(port, "/metrics")
+    check(code == 200, f"GET /metrics answered {code}")
+    found = []
+    for m in re.finditer(rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$", page.decode(), re.M):
+        labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(1) or ""))
+        found.append((labels, float(m.group(2))))
+    return found
+
+
+def group_samples(name: str, tenant: str, app: str, group: str, key: str) -> dict[str, float]:
+    """One group's samples of ``name`` by the label ``key`` (e.g. elasticd_pool_decisions_total by decision,
+    elasticd_group_limit_bound by resource)."""
+    return {labels[key]: value for labels, value in metric_samples(name)
+            if key in labels and (labels.get("tenant"), labels.get("app"), labels.get("group")) == (tenant, app, group)}
+
+
+def pool_decision_counts(tenant: str, app: str, group: str) -> dict[str, int]:
+    """elasticd_pool_decisions_total{tenant,app,group,decision} of one group: counts that the pool API's bounded
+    journal (its last 50 decisions) cannot lose."""
+    return {k: int(v) for k, v in group_samples("elasticd_pool_decisions_total", tenant, app, group,
+                                                "decision").items()}
+
+
+POOL_SMOOTHING_ROWS = 6  # the pool's smoothing window, in reports (elasticd.pool.evaluator.SMOOTHING_ROWS)
+REST_OCCUPANCY = 0.2  # a worker at rest reads under this
+
+
+def pool_at_rest(pool: Callable[[], dict[str, Any]], timeout: float = 60.0) -> dict[str, Any]:
+    """The group (``pool()``: its part of GET /v1/apps/T/A/pool) once it has one worker, announced, with a full
+    smoothing window of readings at rest. The CPU a worker burns starting up (its imports, slow under TCG) reads
+    as occupancy, and a first login while a newborn's window holds only that can scale the group up before any
+    load: a scenario about load starts from rest."""
+
+    def rested() -> dict[str, Any] | None:
+        g = pool()
+        ok = len(g["workers"]) == 1 and all(w["state"] == "running" and w["announced"]
+                                            and len(w["history"]) >= POOL_SMOOTHING_ROWS
+                                            and w["occupancy"] < REST_OCCUPANCY for w in g["workers"])
+        return g if ok else None
+
+    group = wait_for(rested, timeout, 0.5)
+    check(group, f"the group's one worker did not come to rest (announced, {POOL_SMOOTHING_ROWS} readings, "
+          f"occupancy under {REST_OCCUPANCY:g}) within {timeout:.0f}s: "
+          f"{[(w['id'], w['state'], w['announced'], w['occupancy'], w['history']) for w in pool()['workers']]}")
+    return group
+
+
+class Crowd:
+    """Logged-in users who keep arriving during the load, each burning CPU in its handler (``path``) on whatever
+    worker the front sends it to: ``first`` log in at once (``begin``), then one more every ``every`` seconds
+    while fewer than ``limit`` have arrived (raise ``limit`` to let more come). Placement happens once, at the
+    login, so arrivals are what spread a load onto new workers.
+
+    Each user: GET / for the sticky cookie (elastic_uid), ``/login?name=<prefix>N``, then ``path`` again and
+    again until ``halt``. Every answer is counted by status (None: the connection itself failed), the logins
+    too; a user whose GET / or login failed is counted and does not burn."""
+
+    def __init__(self, host: str, path: str, *, first: int, every: float, limit: int, prefix: str = "u") -> None:
+        self.host, self.path, self.first, self.every, self.limit, self.prefix = host, path, first, every, limit, prefix
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.cookies: list[str] = []  # the users who logged in, in arrival order
+        self.names: list[str] = []
+        self.arrived: list[float] = []  # seconds after begin() when each logged in
+        self.codes: dict[int | None, int] = {}
+        self.refused: list[tuple[str, str, int | None, bytes]] = []  # (user, step, status, body) that failed
+        self.threads: list[threading.Thread] = []
+        self._arrivals: threading.Thread | None = None
+        self._began = 0.0
+
+    def _count(self, code: int | None) -> None:
+        with self.lock:
+            self.codes[code] = self.codes.get(code, 0) + 1
+
+    def _arrive(self) -> bool:
+        with self.lock:
+            name = f"{self.prefix}{len(self.names) + len(self.refused)}"
+        code, body, uid = browse(self.host, "/")
+        self._count(code)
+        if code != 200 or not uid:
+            with self.lock:
+                self.refused.append((name, "GET /", code, body[:200]))
+            return False
+        code, body, _ = browse(self.host, f"/login?name={name}", uid)
+        self._count(code)
+        if code != 200:
+            with self.lock:
+                self.refused.append((name, "login", code, body[:200]))
+            return False
+        thread = threading.Thread(target=self._burn, args=(uid,), daemon=True)
+        with self.lock:
+            self.cookies.append(uid)
+            self.names.append(name)
+            self.arrived.append(round(time.monotonic() - self._began, 1))
+            self.threads.append(thread)
+        thread.start()
+        return True
+
+    def _burn(self, cookie: str) -> None:
+        while not self.stop.is_set():
+            code, _, _ = browse(self.host, self.path, cookie, timeout=90)
+            self._count(code)
+
+    def _keep_arriving(self) -> None:
+        while not self.stop.wait(self.every):
+            with self.lock:
+                due = len(self.names) + len(self.refused) < self.limit
+            if due:
+                self._arrive()
+
+    def begin(self) -> None:
+        self._began = time.monotonic()
+        for _ in range(self.first):
+            self._arrive()
+        check(not self.refused, f"the first users could not log in: {self.refused}")
+        self._arrivals = threading.Thread(target=self._keep_arriving, daemon=True)
+        self._arrivals.start()
+
+    def users(self) -> int:
+        with self.lock:
+            return len(self.names)
+
+    def total(self) -> int:
+        with self.lock:
+            return sum(self.codes.values())
+
+    def failed(self) -> dict[int | None, int]:
+        with self.lock:
+            return {code: n for code, n in self.codes.items() if code != 200}
+
+    def halt(self) -> None:
+        self.stop.set()
+        if self._arrivals is not None:
+            self._arrivals.join(120)
+        for t in list(self.threads):
+            t.join(120)
 
 
 # ------------------------------------------------------------------------------------------------ configs

@@ -2,28 +2,29 @@
 pool grows; when the pressure stops it compacts back, with every user still served.
 
 The tenant has ``cpu: 200%`` (the guest has 2 CPUs) and one app group with ``pool: {min_workers: 1,
-max_workers: 3}``; ``server.occupancy_interval: 1s`` keeps it quick under TCG. Logged-in users (the front's
-``elastic_uid`` cookie, ``/login?name=uN``) burn CPU with ``/cpu?ms=80`` and log in again now and then, so that
-the pool's placement runs again. ``elasticctl pool elastic/web --json`` is asked at the two moments that matter
-(grown, compacted); in between the same JSON is polled from the admin socket (GET /v1/apps/elastic/web/pool),
-which costs no Python start-up and so does not itself compete for the two CPUs being measured.
-"""
+max_workers: 3}``; ``server.occupancy_interval: 1s`` keeps it quick under TCG. Placement happens once, at a
+user's login, so the load spreads onto new workers only through users who arrive while it runs: two logged-in
+users (the front's ``elastic_uid`` cookie, ``/login?name=uN``) start burning CPU with ``/cpu?ms=80``, and one
+more logs in and burns every 1.5 s, up to 8. ``elasticctl pool elastic/web --json`` is asked at the two moments
+that matter (grown, compacted); in between the same JSON is polled from the admin socket
+(GET /v1/apps/elastic/web/pool), which costs no Python start-up and so does not itself compete for the two CPUs
+being measured."""
 
 from __future__ import annotations
 
-import re
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from common import (
     BASE,
+    Crowd,
     admin,
     browse,
     check,
     elasticctl_json,
-    http_get,
+    pool_at_rest,
+    pool_decision_counts,
     procs,
     read,
     say,
@@ -33,11 +34,15 @@ from common import (
 
 TENANT, APP, GROUP, HOST = "elastic", "web", "main", "pool.localhost"
 ROOT = Path("/srv", TENANT, APP)
-USERS = 6
+FIRST_USERS = 2  # logged in when the load starts
+ARRIVE_EVERY = 1.5  # seconds between two new users' logins, while the load runs
+USERS = 8  # in all
 BURN_MS = 80
-RELOGIN_EVERY = 8  # requests between two logins of a user
-GROW_TIMEOUT = 90.0  # seconds of load to reach max_workers (≥ 2 is the assertion; 3 is the goal)
-HOLD_AT_MAX = 3.0  # seconds the load continues once the group is at max_workers (max_workers must hold)
+GROW_TIMEOUT = 60.0  # seconds of load to reach max_workers (≥ 2 is the assertion; 3 is the goal)
+HOLD_AT_MAX = 3.0  # seconds the load continues once the group is at max_workers and every user arrived
+# Short of max_workers: once every user arrived and the group grew, the load stops after this long without a new
+# worker (placement happens once, so no new user means no new spread of the load).
+SETTLED = 25.0
 COMPACT_TIMEOUT = 120.0
 MAX_WORKERS = 3
 
@@ -84,61 +89,22 @@ def _running(group: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _decision_counts() -> dict[str, int]:
-    """elasticd_pool_decisions_total{decision} from /metrics: counts that the bounded journal (the last 50
-    decisions, mostly logins under load) cannot lose."""
-    code, page = http_get(9464, "/metrics")
-    check(code == 200, f"GET /metrics answered {code}")
-    return {m.group(1): int(float(m.group(2))) for m in
-            re.finditer(r'^elasticd_pool_decisions_total\{decision="([^"]+)"\} (\S+)$', page.decode(), re.M)}
+    """elasticd_pool_decisions_total{tenant,app,group,decision} of this group, from /metrics: counts that the
+    bounded journal (the last 50 decisions) cannot lose."""
+    return pool_decision_counts(TENANT, APP, GROUP)
 
 
-class Users:
-    """Logged-in users burning CPU on whatever worker the front sends them to."""
-
-    def __init__(self, n: int) -> None:
-        self.stop = threading.Event()
-        self.cookies: list[str] = []
-        self.codes: dict[int | None, int] = {}
-        self.lock = threading.Lock()
-        for i in range(n):
-            code, body, uid = browse(HOST, "/")
-            check(code == 200 and uid, f"user {i}: GET / answered {code} {body[:200]!r}, cookie {uid}")
-            self.cookies.append(uid)
-            code, body, _ = browse(HOST, f"/login?name=u{i}", uid)
-            check(code == 200, f"user {i}: /login answered {code} {body[:200]!r}")
-        self.threads = [threading.Thread(target=self._burn, args=(i,), daemon=True) for i in range(n)]
-
-    def start(self) -> None:
-        for t in self.threads:
-            t.start()
-
-    def _burn(self, i: int) -> None:
-        rounds = 0
-        while not self.stop.is_set():
-            code, _, _ = browse(HOST, f"/cpu?ms={BURN_MS}", self.cookies[i], timeout=60)
-            rounds += 1
-            if rounds % RELOGIN_EVERY == 0:
-                code_login, _, _ = browse(HOST, f"/login?name=u{i}", self.cookies[i], timeout=60)
-                self._count(code_login)
-            self._count(code)
-
-    def _count(self, code: int | None) -> None:
-        with self.lock:
-            self.codes[code] = self.codes.get(code, 0) + 1
-
-    def halt(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(90)
+def _users_by_worker(group: dict[str, Any]) -> dict[str, list[str]]:
+    return {w["id"]: sorted(u["login"] or u["user"] for u in w["users"]) for w in group["workers"]}
 
 
 def _story(began_wall: float) -> str:
     """The group's scale-ups, compactions and retires so far, with the numbers behind each (for a failure)."""
     lines = []
     for d in sorted(_journal.values(), key=lambda d: d["at"]):
-        if d["decision"] in ("scale-up", "compaction", "retire", "hung"):
+        if d["decision"] in ("scale-up", "held", "compaction", "retire", "hung"):
             numbers = {k: v for k, v in d["numbers"].items() if k in ("occupancies", "C", "O", "H", "trigger",
-                                                                       "drained_occupancy", "users")}
+                                                                       "drained_occupancy", "users", "limits")}
             lines.append(f"  +{d['at'] - began_wall:.1f}s {d['decision']} {d['worker']}: {d['reason']} {numbers}")
     return "\n".join(lines)
 
@@ -154,16 +120,18 @@ def s_pool() -> tuple[str, dict[str, Any]]:
 
     group = wait_for(one_running, 60, 0.5)
     check(group, f"the group did not come up with its one worker: {_pool()['workers']}")
+    group = pool_at_rest(_pool)
     leaf, tenant_cg = BASE / "tenants" / TENANT / APP, BASE / "tenants" / TENANT
     check(read(tenant_cg / "cpu.max") == "200000 100000", f"cpu.max is {read(tenant_cg / 'cpu.max')!r}")
     (first,) = group["workers"]
     counts0 = _decision_counts()
 
-    users = Users(USERS)
+    users = Crowd(HOST, f"/cpu?ms={BURN_MS}", first=FIRST_USERS, every=ARRIVE_EVERY, limit=USERS)
     began, began_wall = time.monotonic(), time.time()
-    users.start()
+    users.begin()
     first_new: float | None = None
     at_max: float | None = None
+    last_change = 0.0  # seconds after the load started when the last user arrived or a new worker became routable
     most = 1
     # Each worker when first seen routable: (seconds after the load started, pid, whether the pid was in the
     # app's leaf at that moment).
@@ -179,6 +147,7 @@ def s_pool() -> tuple[str, dict[str, Any]]:
             for w in running:
                 if w["id"] not in routable:
                     routable[w["id"]] = (now, w["pid"], w["pid"] in procs(leaf))
+                    last_change = now
                     say(f"    {w['id']} (pid {w['pid']}) routable {now:.1f}s after the load started")
             ids = {w["id"] for w in group["workers"]}
             for wid in routable:
@@ -189,13 +158,19 @@ def s_pool() -> tuple[str, dict[str, Any]]:
                 first_new = now
             if len(running) >= MAX_WORKERS and at_max is None:
                 at_max = now
-            if at_max is not None and now >= at_max + HOLD_AT_MAX:
-                break
+            if users.users() < USERS:
+                last_change = now
+            else:
+                done_at_max = at_max is not None and now >= at_max + HOLD_AT_MAX
+                if done_at_max or (len(routable) >= 2 and now >= last_change + SETTLED):
+                    break
             time.sleep(0.5)
         # The operator's view at the peak.
         grown = elasticctl_json("pool", f"{TENANT}/{APP}")["groups"][GROUP]
     finally:
         users.halt()
+    arrived = users.users()
+    spread = _users_by_worker(grown)
     stopped = time.monotonic()
     load_s = stopped - began
     counts1 = _decision_counts()
@@ -239,9 +214,10 @@ def s_pool() -> tuple[str, dict[str, Any]]:
     bad = [(i, code, body[:120]) for i, (code, body, _) in enumerate(answers)
            if code != 200 or f"worker {TENANT}.{APP}.{GROUP}.".encode() not in body]
     check(not bad, f"users not served after the compaction: {bad}")
-    failed = {code: n for code, n in users.codes.items() if code != 200}
-    total = sum(users.codes.values())
+    failed, total = users.failed(), users.total()
+    check(not users.refused, f"users who could not log in under load: {users.refused}")
     check(not failed, f"requests under load that did not answer 200: {failed} of {total}")
+    check(arrived == USERS, f"only {arrived} of {USERS} users arrived in {load_s:.0f}s of load (at {users.arrived}s)")
     first_decision = next((d["at"] - began_wall for d in sorted(_journal.values(), key=lambda d: d["at"])
                            if d["decision"] == "scale-up"), None)
     decided = f"decided {first_decision:.1f}s, " if first_decision is not None else ""
@@ -255,14 +231,19 @@ def s_pool() -> tuple[str, dict[str, Any]]:
         churn = f"; {under_load} compaction(s) while the load still ran ({'; '.join(early) or 'see details'})"
     if hung:
         churn += f"; {hung} worker(s) replaced as hung"
-    figure = (f"tenant cpu.max 200000 100000 (2 CPUs), {USERS} logged-in users burning /cpu?ms={BURN_MS}: first "
+    on = ", ".join(f"{len(names)} on {wid.rsplit('.', 1)[-1]}" for wid, names in spread.items())
+    peak = f" at {at_max:.1f}s" if at_max is not None else f" (none more in {SETTLED:.0f}s)"
+    figure = (f"tenant cpu.max 200000 100000 (2 CPUs), {FIRST_USERS} logged-in users then 1 more every "
+              f"{ARRIVE_EVERY:g}s up to {USERS}, burning /cpu?ms={BURN_MS}: first "
               f"scale-up {decided}its worker routable {first_new:.1f}s after the load started; grew to {most} "
-              f"workers{f' at {at_max:.1f}s' if at_max is not None else f' in {load_s:.0f}s'} (max_workers "
-              f"{MAX_WORKERS} held, {scale_ups} scale-ups); new pids {new_pids} in {leaf.relative_to(BASE)} when "
+              f"workers{peak} (max_workers "
+              f"{MAX_WORKERS} held, {scale_ups} scale-ups; users at the peak: {on}); new pids {new_pids} in "
+              f"{leaf.relative_to(BASE)} when "
               f"they became routable{churn}; load stopped after {load_s:.0f}s ({total} requests, all 200): back to "
               f"1 worker {compact_s:.1f}s later ({compactions} compactions, {retires} retires in all); all {USERS} "
               f"users answered 200 afterwards")
     details = {"grown": grown, "final": final, "codes": {str(k): v for k, v in users.codes.items()},
+               "arrived_s": dict(zip(users.names, users.arrived, strict=True)), "users_at_peak": spread,
                "routable": routable, "gone": gone, "first_new_s": first_new, "at_max_s": at_max,
                "compact_s": compact_s, "story": story, "counts": counts2}
     return figure, details

@@ -13,7 +13,9 @@ This is the one entry point; the scenarios live beside it, one module per subjec
 - ``enforcement.py``: 00 install, 01-09 (cgroup layout and limits, reload, stop/start, modes, verify);
 - ``accounting.py``: 10, issue #4 (a real Prometheus scrapes /metrics; elasticctl high);
 - ``runtime_limits.py``: 11, issue #5 (elasticctl limit, with and without --persist);
-- ``elastic_pool.py``: 12, issue #7 (the pool grows under real CPU pressure and compacts back).
+- ``elastic_pool.py``: 12, issue #7 (the pool grows under real CPU pressure and compacts back);
+- ``pool_kernel.py``: 13 (the pool meets the kernel: a tenant at its cpu.max holds scale-ups, a CPU-bound
+  handler is busy, not hung, and raising the limit lets the pool grow).
 
 Plain python3 and the standard library only: this judges elasticd from the outside, the way an operator
 would, through systemctl, the journal, the front (HTTP with Host headers), the admin socket, elasticctl,
@@ -51,6 +53,7 @@ from enforcement import (  # noqa: E402
     s_stop_start,
     s_verify,
 )
+from pool_kernel import s_pool_limits  # noqa: E402
 from runtime_limits import s_limits  # noqa: E402
 
 SCENARIO_TIMEOUT = 300  # seconds; the host's timeout bounds the whole run as well
@@ -71,6 +74,8 @@ SCENARIOS: list[tuple[str, str, Scenario]] = [
      "one line, reloads through systemd and survives a restart", s_limits),
     ("12-pool", "under real CPU pressure the pool grows, then compacts back with every user still served",
      s_pool),
+    ("13-pool-limits", "at its cpu.max a tenant's pool holds its scale-up (held, not grown) and a 6 s CPU-bound "
+     "request is not hung; elasticctl limit --cpu 200% lets the same load grow the pool", s_pool_limits),
 ]
 
 
