@@ -67,36 +67,50 @@ def _running(group) -> int:
 
 
 class Users:
-    """Logged-in users burning CPU on whatever worker the front sends them to, logging in again now and then
-    (each login asks the pool's placement again)."""
+    """Logged-in users keeping one request in flight each (``/sleep``: a slot of the worker's executor, a
+    measure a loaded test machine does not bend the way it bends CPU readings) on whatever worker the front
+    sends them to. They arrive over time: placement happens once, at a login, so load spreads onto new workers
+    through the users who log in after them."""
 
-    def __init__(self, d, n: int) -> None:
+    def __init__(self, d, n: int, first: int = 1, every: float = 2.0) -> None:
         self.d = d
         self.stop = threading.Event()
         self.cookies: list[str] = []
-        for i in range(n):
-            code, _, uid = _request(d, "/")
-            assert code == 200 and uid
-            self.cookies.append(uid)
-            assert _request(d, f"/login?name=u{i}", uid)[0] == 200
-        self.threads = [threading.Thread(target=self._burn, args=(i,), daemon=True) for i in range(n)]
-        for t in self.threads:
-            t.start()
+        self.threads: list[threading.Thread] = []
+        self.n, self.every = n, every
+        for _ in range(first):
+            self._arrive()
+        self.arrivals = threading.Thread(target=self._arrive_all, daemon=True)
+        self.arrivals.start()
+
+    def _arrive(self) -> None:
+        i = len(self.cookies)
+        code, _, uid = _request(self.d, "/")
+        assert code == 200 and uid
+        assert _request(self.d, f"/login?name=u{i}", uid)[0] == 200
+        self.cookies.append(uid)
+        thread = threading.Thread(target=self._burn, args=(i,), daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def _arrive_all(self) -> None:
+        while len(self.cookies) < self.n and not self.stop.wait(self.every):
+            try:
+                self._arrive()
+            except (OSError, AssertionError):  # a slow answer on a loaded machine: the next one arrives anyway
+                continue
 
     def _burn(self, i: int) -> None:
         deadline = time.monotonic() + 60
-        rounds = 0
         while not self.stop.is_set() and time.monotonic() < deadline:
             try:
-                _request(self.d, "/cpu?ms=80", self.cookies[i])
-                rounds += 1
-                if rounds % 8 == 0:
-                    _request(self.d, f"/login?name=u{i}", self.cookies[i])
+                _request(self.d, "/sleep?ms=150", self.cookies[i])
             except OSError:  # a slow answer on a loaded machine is load all the same; assertions are below
                 continue
 
     def halt(self) -> None:
         self.stop.set()
+        self.arrivals.join(30)
         for t in self.threads:
             t.join(30)
 
@@ -106,7 +120,9 @@ def test_load_grows_the_pool_and_it_compacts_back(daemons, tmp_path, sensorless)
     d = daemons(TENANTS.format(root=tmp_path, sensorless=sensorless, max_workers=3), extra_server=SERVER)
     d.start()
     assert _running(_pool(d)) == 1
-    users = Users(d, 4)  # enough to fill three workers; light enough for a shared 2-core machine
+    # One a second, each holding one of a worker's 4 slots: the reception keeps those who come while it is alone
+    # (a group of one always keeps), worker 2 is full at 4, then worker 3 gets the rest.
+    users = Users(d, 12, every=1.0)
     try:
         grown = _wait(d, lambda g: _running(g) == 3, 90, "grow to max_workers")
         assert grown["decision_counts"]["scale-up"] >= 2

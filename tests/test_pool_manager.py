@@ -239,3 +239,14 @@ async def test_guests_are_not_moved_by_compaction():
 def test_unlimited_is_the_default_budget():
     m, _ = manager(1)
     assert m._budget("acme") is UNLIMITED
+
+
+async def test_a_start_up_spike_in_the_first_readings_does_not_grow_the_group():
+    m, supervisor = manager(1)
+    spike = Report(cpu=0.9, executor=Executor(busy=0, total=8))  # imports and warm-up, before any request
+    m.on_report("acme.shop.green.1", Report(cpu=None, executor=Executor(busy=0, total=8)), 0.0)  # the first tick
+    m.on_report("acme.shop.green.1", spike, 1.0)
+    assert len(supervisor.workers) == 1  # not measured yet: two readings are its own start-up
+    for t in range(2, 6):
+        m.on_report("acme.shop.green.1", idle(), float(t))
+    assert len(supervisor.workers) == 1  # the average came down before it could ask

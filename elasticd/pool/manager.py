@@ -52,6 +52,7 @@ log = logging.getLogger("elasticd.pool")
 GroupKey = tuple[str, str, str]
 LIMITED_RESOURCES = ("cpu", "memory", "pids")  # what can hold a scale-up (elasticd_group_limit_bound)
 _DRAIN_POLL = 0.1  # seconds between two looks at what is still open on a draining worker
+MEASURED_ROWS = SMOOTHING_ROWS // 2  # readings before a worker's occupancy may ask for a scale-up
 
 
 class _Worker(Protocol):
@@ -276,11 +277,15 @@ class PoolManager:
         workers = {w.id: w for w in self._supervisor.workers_of(key)}
         entry.spawning = {wid for wid in entry.spawning if wid in workers and not workers[wid].routable
                           and workers[wid].state not in ("failed", "stopped")}
+        # Routable but not yet measured (fewer than MEASURED_ROWS readings) is still a spawn in flight: its first
+        # readings are its own start-up (imports, warm-up), and one spike must not grow the group.
+        unmeasured = sum(1 for view in views
+                         if view.id not in entry.windows or len(entry.windows[view.id].rows) < MEASURED_ROWS)
         if budget is None:
             budget = self._budget(key[0])
         binding = holds(budget, entry.pool, worker_rss=self._mean_rss(entry, views),
                         worker_pids=self._pids_per_worker(key[0], budget))
-        decision = check_capacity(views, entry.pool, spawning=len(entry.spawning),
+        decision = check_capacity(views, entry.pool, spawning=len(entry.spawning) + unmeasured,
                                   held=self._supervisor.held(key), holds=binding, measuring=budget.pending)
         # A hold lasts while its limit binds, not only while a scale-up is being asked for: a load that dips
         # between two reports does not end it (nor start a new one in the journal). A tick without a reading

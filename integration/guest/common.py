@@ -309,9 +309,10 @@ def pool_at_rest(pool: Callable[[], dict[str, Any]], timeout: float = 60.0) -> d
 
 class Crowd:
     """Logged-in users who keep arriving during the load, each burning CPU in its handler (``path``) on whatever
-    worker the front sends it to: ``first`` log in at once (``begin``), then one more every ``every`` seconds
-    while fewer than ``limit`` have arrived (raise ``limit`` to let more come). Placement happens once, at the
-    login, so arrivals are what spread a load onto new workers.
+    worker the front sends it to: ``first`` log in at once (``begin``), then one more ``every`` seconds after the
+    previous one got in, while fewer than ``limit`` have arrived (raise ``limit``, change ``every`` to let more
+    come). Under load a login waits its turn on a busy worker, so the gaps are ``every`` plus that wait (see
+    ``arrived``). Placement happens once, at the login, so arrivals are what spread a load onto new workers.
 
     Each user: GET / for the sticky cookie (elastic_uid), ``/login?name=<prefix>N``, then ``path`` again and
     again until ``halt``. Every answer is counted by status (None: the connection itself failed), the logins

@@ -5,10 +5,10 @@ The tenant has ``cpu: 200%`` (the guest has 2 CPUs) and one app group with ``poo
 max_workers: 3}``; ``server.occupancy_interval: 1s`` keeps it quick under TCG. Placement happens once, at a
 user's login, so the load spreads onto new workers only through users who arrive while it runs: two logged-in
 users (the front's ``elastic_uid`` cookie, ``/login?name=uN``) start burning CPU with ``/cpu?ms=80``, and one
-more logs in and burns every 1.5 s, up to 8. ``elasticctl pool elastic/web --json`` is asked at the two moments
-that matter (grown, compacted); in between the same JSON is polled from the admin socket
-(GET /v1/apps/elastic/web/pool), which costs no Python start-up and so does not itself compete for the two CPUs
-being measured."""
+more logs in and burns 1.5 s after the previous one got in, up to 8. ``elasticctl pool elastic/web --json`` is
+asked at the two moments that matter (grown, compacted); in between the same JSON is polled from the admin
+socket (GET /v1/apps/elastic/web/pool), which costs no Python start-up and so does not itself compete for the
+two CPUs being measured."""
 
 from __future__ import annotations
 
@@ -233,8 +233,8 @@ def s_pool() -> tuple[str, dict[str, Any]]:
         churn += f"; {hung} worker(s) replaced as hung"
     on = ", ".join(f"{len(names)} on {wid.rsplit('.', 1)[-1]}" for wid, names in spread.items())
     peak = f" at {at_max:.1f}s" if at_max is not None else f" (none more in {SETTLED:.0f}s)"
-    figure = (f"tenant cpu.max 200000 100000 (2 CPUs), {FIRST_USERS} logged-in users then 1 more every "
-              f"{ARRIVE_EVERY:g}s up to {USERS}, burning /cpu?ms={BURN_MS}: first "
+    figure = (f"tenant cpu.max 200000 100000 (2 CPUs), {USERS} logged-in users arriving (at "
+              f"{', '.join(f'{t:g}' for t in users.arrived)}s), burning /cpu?ms={BURN_MS}: first "
               f"scale-up {decided}its worker routable {first_new:.1f}s after the load started; grew to {most} "
               f"workers{peak} (max_workers "
               f"{MAX_WORKERS} held, {scale_ups} scale-ups; users at the peak: {on}); new pids {new_pids} in "

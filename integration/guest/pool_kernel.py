@@ -6,15 +6,15 @@ The tenant has ``cpu: 50%`` and one app group with ``pool: {min_workers: 1, max_
 ``concurrency: 4``; ``server: {occupancy_interval: 1s, sample_interval: 1s, hung_after: 4s}`` (the pool reads the
 sampler's samples of the tenant's cgroup; hung_after is short on purpose). Demo app workers.
 
-1. Held: logged-in users keep arriving (two at once, then one every 3 s up to 8; placement happens once, at
-   the login) and burn CPU in their handlers (``/cpu?ms=200``), and one more user makes a single
-   ``/cpu?ms=6000`` request, which holds its worker's event loop for 6 s, longer than hung_after. Over 25 s of
-   this the group keeps its one worker (same pid, never a second one in the pool API, no scale-up), a
-   ``held`` decision is counted whose numbers show the tenant's usage at its 0.5-core quota, the pool API
-   shows ``held.resources == ["cpu"]``, ``elasticd_group_limit_bound{resource="cpu"}`` is 1, and no worker is
-   called hung (the decision counts on /metrics, the decision journal, the systemd journal).
+1. Held: logged-in users keep arriving (two at once, then one 3 s after the previous one got in, up to 8;
+   placement happens once, at the login) and burn CPU in their handlers (``/cpu?ms=200``), and one more user
+   makes a single ``/cpu?ms=6000`` request, which holds its worker's event loop for 6 s, longer than
+   hung_after. Over 25 s of this the group keeps its one worker (same pid, never a second one in the pool API,
+   no scale-up), a ``held`` decision is counted whose numbers show the tenant's usage at its 0.5-core quota,
+   the pool API shows ``held.resources == ["cpu"]``, ``elasticd_group_limit_bound{resource="cpu"}`` is 1, and
+   no worker is called hung (the decision counts on /metrics, the decision journal, the systemd journal).
 2. Raised: ``elasticctl limit capped --cpu 200%`` writes cpu.max "200000 100000" at once; with the same load
-   and users still arriving (one every 1.5 s, up to 16), the pool grows to 2 routable workers within 40 s,
+   and users still arriving (1.5 s apart, up to 16), the pool grows to 2 routable workers within 40 s,
    ``held`` is null again and the gauge 0, and still nothing is hung. Every request is answered 200.
 
 The pool JSON is polled from the admin socket (GET /v1/apps/capped/web/pool, what ``elasticctl pool --json``
@@ -319,7 +319,9 @@ def s_pool_limits() -> tuple[str, dict[str, Any]]:
     first_up = next((d["at"] - raised_wall for d in _decisions("scale-up", raised_wall)), None)
     cpu1 = helds[0]["numbers"]["limits"]["cpu"]
     decided = f"scale-up decided {first_up:.1f}s and " if first_up is not None else ""
-    figure = (f"cpu.max 50000 100000: {FIRST_USERS}+1/{HELD_EVERY:g}s→{HELD_USERS} users burning /cpu?ms={BURN_MS} "
+    held_arrivals = sum(1 for t in users.arrived if t <= held_s)
+    figure = (f"cpu.max 50000 100000: {held_arrivals} users arriving in {held_s:.0f}s (at "
+              f"{', '.join(f'{t:g}' for t in users.arrived[:held_arrivals])}s) burning /cpu?ms={BURN_MS} "
               f"and one /cpu?ms={LONG_MS} (200 in {long.seconds:.1f}s, {long_answer.get('cpu_ms')} ms CPU; "
               f"hung_after {HUNG_AFTER:g}s, not hung): held {held_n}x (first at "
               f"{helds[0]['at'] - began_wall:.1f}s: {cpu1['usage_cores']:.3f} of {cpu1['quota_cores']:g} cores, "
@@ -328,7 +330,7 @@ def s_pool_limits() -> tuple[str, dict[str, Any]]:
               f"{'shows' if shows_hold else 'does not show'} the hold. `elasticctl limit {TENANT} --cpu 200%` "
               f"({raised_at - raise_started:.1f}s): {decided}a 2nd worker routable {grow_s:.1f}s after, held "
               f"cleared, gauge 0, {len(grown['workers'])} workers ({ups} scale-ups); {total} requests in "
-              f"{load_s:.0f}s, all 200, {users.users()} users, 0 hung")
+              f"{load_s:.0f}s, all 200, {users.users() - held_arrivals} more users arrived after the raise, 0 hung")
     details = {"held_pool": {**_brief(at_held), "decision_counts": at_held.get("decision_counts")},
                "grown_pool": _brief(grown), "held_decisions": helds,
                "elasticctl_pool_text": held_text, "elasticctl_pool_shows_hold": shows_hold,
