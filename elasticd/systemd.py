@@ -1,7 +1,16 @@
 """elasticd's side of systemd: sd_notify messages, the watchdog, and log lines journald understands.
 
-Every notification is a no-op without ``NOTIFY_SOCKET`` (sd_notify itself returns 0 then), so the daemon
-calls these unconditionally whether it runs under systemd, in a test, or in a terminal.
+Every notification is a no-op without ``NOTIFY_SOCKET``, so the daemon calls these unconditionally whether it
+runs under systemd, in a test, or in a terminal.
+
+The notification protocol is one datagram to ``$NOTIFY_SOCKET`` (a path, or ``@name`` for the abstract
+namespace), which this module sends itself on a NON-BLOCKING socket. libsystemd's ``sd_notify`` (what pystemd
+wraps) blocks when the receiver's queue is full — ``net.unix.max_dgram_qlen`` is 10 by default; systemd
+raises it for PID 1, but any reader that falls behind will do — and pystemd calls it holding the GIL: the
+daemon's whole event loop froze there, and never handled the SIGTERM that followed (found by the stop stress
+test, with a harness that reads the socket only now and then). Here a full queue costs a retry instead:
+READY/RELOADING/STOPPING wait in order and are retried from the event loop every ``_RETRY`` seconds; a STATUS
+or WATCHDOG message waiting is replaced by the next of its kind (only the latest one matters).
 """
 
 from __future__ import annotations
@@ -10,17 +19,106 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import sys
 import time
 
-__all__ = ["Notifier", "setup_logging"]
+__all__ = ["Notifier", "notify_address", "setup_logging"]
 
 log = logging.getLogger("elasticd.systemd")
 
-try:
-    from pystemd.daemon import notify as _sd_notify
-except ImportError:  # pragma: no cover - pystemd is a dependency; this keeps --check usable without it
-    _sd_notify = None
+_RETRY = 0.05  # seconds between two tries to deliver what a full queue refused
+_MAX_PENDING = 64  # messages that must not be dropped, waiting; past it the oldest go (with a warning)
+_LATEST_ONLY = ("STATUS=", "WATCHDOG=1")  # a message made only of these is superseded by the next one
+
+
+def notify_address(value: str | None) -> str | None:
+    """``$NOTIFY_SOCKET`` as an AF_UNIX address: a path, or ``@name`` → the abstract name (a leading NUL)."""
+    if not value:
+        return None
+    if value.startswith("@"):
+        return "\0" + value[1:]
+    return value if value.startswith("/") else None
+
+
+def _kind(message: bytes) -> bytes | None:
+    """The kind a message supersedes others of (None: it must be delivered)."""
+    lines = message.split(b"\n")
+    if all(line.startswith(b"STATUS=") for line in lines):
+        return b"STATUS"
+    if lines == [b"WATCHDOG=1"]:
+        return b"WATCHDOG"
+    return None
+
+
+class _Datagrams:
+    """The one non-blocking socket to $NOTIFY_SOCKET, and what waits for room in its queue."""
+
+    __slots__ = ("pending", "sock", "timer", "warned")
+
+    def __init__(self) -> None:
+        self.sock: socket.socket | None = None
+        self.pending: list[tuple[str, bytes]] = []  # (address, message), in order
+        self.timer: asyncio.TimerHandle | None = None
+        self.warned = False
+
+    def send(self, address: str, message: bytes) -> None:
+        if self.pending:  # in order: behind what already waits
+            self._queue(address, message)
+            self._flush()
+            return
+        if not self._try(address, message):
+            self._queue(address, message)
+            self._schedule()
+
+    def _try(self, address: str, message: bytes) -> bool:
+        """True when done with (sent, or refused for good and said so); False when the queue is full."""
+        try:
+            if self.sock is None:
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK
+                                          | socket.SOCK_CLOEXEC)
+            self.sock.sendto(message, address)
+        except BlockingIOError:
+            return False
+        except OSError as exc:  # a notification must never take the daemon down
+            if not self.warned:
+                log.warning("cannot notify systemd at %s: %s", address.replace("\0", "@"), exc)
+                self.warned = True
+            return True
+        self.warned = False
+        return True
+
+    def _queue(self, address: str, message: bytes) -> None:
+        kind = _kind(message)
+        if kind is not None:
+            self.pending = [(a, m) for a, m in self.pending if _kind(m) != kind]
+        self.pending.append((address, message))
+        if len(self.pending) > _MAX_PENDING:
+            dropped = self.pending.pop(0)
+            log.warning("systemd is not reading its notify socket: dropped %r", dropped[1][:60])
+
+    def _flush(self) -> None:
+        self.timer = None
+        while self.pending:
+            address, message = self.pending[0]
+            if not self._try(address, message):
+                self._schedule()
+                return
+            self.pending.pop(0)
+
+    def _schedule(self) -> None:
+        if self.timer is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): what cannot go now is dropped, said once
+            log.warning("systemd's notify socket is full: not sent: %r", [m[:60] for _, m in self.pending])
+            self.pending.clear()
+            return
+        self.timer = loop.call_later(_RETRY, self._flush)
+
+
+_datagrams = _Datagrams()
 
 
 class Notifier:
@@ -31,15 +129,15 @@ class Notifier:
 
     @staticmethod
     def send(*states: str) -> None:
-        if not os.environ.get("NOTIFY_SOCKET"):
+        address = notify_address(os.environ.get("NOTIFY_SOCKET"))
+        if address is None:
             return
-        if _sd_notify is None:
-            log.warning("NOTIFY_SOCKET is set but pystemd is missing: systemd is not told %s", states)
-            return
-        try:
-            _sd_notify(False, *states)
-        except Exception as exc:  # a notification must never take the daemon down
-            log.warning("sd_notify(%s) failed: %s", ", ".join(states), exc)
+        _datagrams.send(address, "\n".join(states).encode())
+
+    @staticmethod
+    def pending() -> int:
+        """Messages waiting for room in systemd's queue (tests, and a stuck PID 1 is worth seeing)."""
+        return len(_datagrams.pending)
 
     def ready(self, status: str) -> None:
         self.send("READY=1", f"STATUS={status}")

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from elasticd.systemd import Notifier, _JournalFormatter, watchdog_interval
+from elasticd.systemd import Notifier, _JournalFormatter, notify_address, watchdog_interval
 
 
 @pytest.mark.parametrize(("env", "pid", "expected"), [
@@ -53,3 +53,47 @@ def test_notifier_sends_datagrams_and_is_silent_without_socket(tmp_path, monkeyp
 def _monotonic() -> float:
     import time
     return time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+@pytest.mark.parametrize(("value", "address"), [
+    (None, None), ("", None), ("/run/systemd/notify", "/run/systemd/notify"), ("@abstract", "\0abstract"),
+    ("vsock:2:9999", None),  # not a Unix socket: nothing is sent
+])
+def test_notify_address(value, address):
+    assert notify_address(value) == address
+
+
+async def test_a_notify_socket_nobody_reads_never_blocks_and_nothing_that_matters_is_lost(tmp_path, monkeypatch):
+    """libsystemd's sd_notify blocks once the receiver's queue is full (10 datagrams by default), and pystemd
+    holds the GIL meanwhile: the daemon froze there. Here the sends return at once; the latest STATUS and every
+    READY/RELOADING/STOPPING reach the reader, in order, once it reads."""
+    import asyncio
+    import time
+
+    path = tmp_path / "notify"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    monkeypatch.setenv("NOTIFY_SOCKET", str(path))
+    notifier = Notifier()
+    started = time.monotonic()
+    for i in range(200):
+        notifier.status(f"step {i}")
+    notifier.ready("up")
+    for i in range(200, 400):
+        notifier.status(f"step {i}")
+    notifier.stopping()
+    assert time.monotonic() - started < 1.0  # nothing blocked
+    assert 0 < Notifier.pending() <= 4  # superseded STATUS messages were dropped, not queued
+    received = []
+    sock.setblocking(False)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (not received or received[-1] != "STOPPING=1"):
+        try:
+            received.append(sock.recv(4096).decode())
+        except BlockingIOError:
+            await asyncio.sleep(0.01)
+    sock.close()
+    assert received[-1] == "STOPPING=1" and Notifier.pending() == 0
+    ready = received.index("READY=1\nSTATUS=up")
+    assert "STATUS=step 399" in received[ready + 1:]  # the latest status after READY arrived
+    assert len(received) < 30  # 400 statuses were not all queued
