@@ -331,3 +331,66 @@ def test_apply_limits_reports_a_tenant_it_cannot_create(tmp_path: Path) -> None:
     cg = CgroupTree(base, base_is_own=False)  # setup() not run: <base>/tenants is missing
     problems = cg.apply_limits("acme", Resources(), [])
     assert len(problems) == 1 and "acme" in problems[0]
+
+
+class _BusyTree:
+    """A tree whose leaf refuses rmdir (EBUSY: a process on its way out) a few times, then goes."""
+
+    def __init__(self, busy: int) -> None:
+        self.busy = busy
+        self.removed: list[str] = []
+
+    def kill_leaf(self, tenant: str, app: str) -> bool:
+        return False
+
+    def remove_app(self, tenant: str, app: str) -> bool:
+        if self.busy:
+            self.busy -= 1
+            return False
+        self.removed.append(f"{tenant}/{app}")
+        return True
+
+    def remove_tenant(self, tenant: str) -> bool:
+        self.removed.append(tenant)
+        return True
+
+
+def _two_configs():
+    from elasticd.config import parse_config
+    text = """\
+tenants:
+  acme:
+    apps:
+      shop: {domains: [shop.localhost], root: /srv, groups: {g: {command: [app]}}}
+      blog: {domains: [blog.localhost], root: /srv, groups: {g: {command: [app]}}}
+"""
+    old = parse_config(text)
+    new = parse_config(text.replace("      blog: {domains: [blog.localhost], root: /srv, groups: {g: {command: [app]}}}\n",
+                                    ""))
+    return old, new
+
+
+async def test_a_removed_leaf_refused_with_ebusy_is_retried_until_it_goes() -> None:
+    from elasticd.cgroup.placement import Placement
+    old, new = _two_configs()
+    placement = Placement()
+    tree = placement.tree = _BusyTree(busy=3)  # type: ignore[assignment]
+    await placement.remove_dropped(old, lambda: new, retry=0.01)
+    assert tree.removed == ["acme/blog"] and tree.busy == 0
+
+
+async def test_a_removed_leaf_configured_again_meanwhile_is_kept() -> None:
+    from elasticd.cgroup.placement import Placement
+    old, new = _two_configs()
+    placement = Placement()
+    tree = placement.tree = _BusyTree(busy=1000)  # type: ignore[assignment]
+    current = {"config": new}
+
+    async def bring_it_back() -> None:
+        import asyncio
+        await asyncio.sleep(0.05)
+        current["config"] = old  # a later reload named the app again: its leaf stays
+
+    import asyncio
+    await asyncio.gather(placement.remove_dropped(old, lambda: current["config"], retry=0.01), bring_it_back())
+    assert tree.removed == []

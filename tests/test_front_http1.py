@@ -240,3 +240,32 @@ def test_collector_exposes_the_three_families() -> None:
         assert line in text, line
     assert "# TYPE elasticd_request_duration_seconds histogram" in text
     assert "# TYPE elasticd_requests_total counter" in text
+
+
+def test_the_sweep_spares_live_requests_and_the_oldest_open_is_per_worker() -> None:
+    class Live:
+        def __init__(self, user, worker, ts, live):
+            self.user, self.worker, self.ts, self.live = user, worker, ts, live
+
+    acct = Accounting()
+    streaming = Live("a", "w1", 1.0, True)  # a long download still relaying: live however old
+    lost = Live("b", "w1", 2.0, False)  # a bug left it: swept by its timestamp
+    young = Live("c", "w2", 50.0, False)
+    ids = [acct.opened(r) for r in (streaming, lost, young)]
+    assert acct.oldest_open_by_worker() == {"w1": 1.0, "w2": 50.0}
+    assert acct.sweep(horizon=10.0) == [ids[1]]
+    assert set(acct.open) == {ids[0], ids[2]}
+    acct.worker("gone").requests = 3
+    acct.forget_worker("gone")
+    assert "gone" not in acct.workers  # a retired worker's forward counters end with it
+
+
+def test_the_front_sweeps_past_the_request_timeout_not_hours() -> None:
+    from elasticd.config import Address
+    from elasticd.front import Front, RouteTable
+    from elasticd.front.server import STALE_MARGIN
+
+    front = Front(Address("127.0.0.1", 0), RouteTable([]), lambda t, a, g: [], request_timeout=60.0)
+    assert front.stale_after == 60.0 + STALE_MARGIN
+    front.configure(request_timeout=5.0, user_ttl=60.0)
+    assert front.stale_after == 5.0 + STALE_MARGIN
