@@ -365,8 +365,8 @@ tenants:
       blog: {domains: [blog.localhost], root: /srv, groups: {g: {command: [app]}}}
 """
     old = parse_config(text)
-    new = parse_config(text.replace("      blog: {domains: [blog.localhost], root: /srv, groups: {g: {command: [app]}}}\n",
-                                    ""))
+    blog = "      blog: {domains: [blog.localhost], root: /srv, groups: {g: {command: [app]}}}\n"
+    new = parse_config(text.replace(blog, ""))
     return old, new
 
 
