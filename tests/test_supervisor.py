@@ -88,6 +88,9 @@ def test_spec_substitutes_python_and_keeps_argv_verbatim():
     own = spec_for(app, Group(name="g", command=("{python}",)), None)
     assert own.argv == (sys.executable,)
     assert spawn_argv(own) == [sys.executable]
+    gunicorn = WorkerSpec(argv=("gunicorn", "--bind", "unix:{socket}", "app:app"), env=(), cwd="/", leaf=None)
+    assert spawn_argv(gunicorn, "/run/elasticd/workers/t.a.g.1.sock") == [
+        "gunicorn", "--bind", "unix:/run/elasticd/workers/t.a.g.1.sock", "app:app"]
 
 
 def test_worker_env_contract():

@@ -46,10 +46,14 @@ def spec_for(app: App, group: Group, leaf: str | None) -> WorkerSpec:
     return WorkerSpec(argv=argv, env=tuple(sorted(env.items())), cwd=app.root, leaf=leaf)
 
 
-def spawn_argv(spec: WorkerSpec) -> list[str]:
+def spawn_argv(spec: WorkerSpec, socket: str | None = None) -> list[str]:
+    """The argv of one start. ``{socket}`` in the command is the worker's own socket path (the bare path of
+    ELASTIC_LISTEN), so ``["gunicorn", "--bind", "unix:{socket}", "app:app"]`` needs no shell; it is per worker,
+    hence substituted here and not in the group's spec."""
+    argv = [arg.replace("{socket}", socket) for arg in spec.argv] if socket is not None else list(spec.argv)
     if spec.leaf is None:
-        return list(spec.argv)
-    return ["/bin/sh", "-c", TRAMPOLINE, spec.leaf, *spec.argv]
+        return argv
+    return ["/bin/sh", "-c", TRAMPOLINE, spec.leaf, *argv]
 
 
 def worker_env(spec: WorkerSpec, base: Mapping[str, str], *, worker_id: str, token: str, runtime_dir: str,

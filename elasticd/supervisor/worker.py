@@ -178,7 +178,7 @@ class Worker:
         self._set_state("starting")
         try:
             process = await asyncio.create_subprocess_exec(
-                *spawn_argv(self.spec), env=env, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
+                *spawn_argv(self.spec, self.socket_path), env=env, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
                 # Its own session and process group: signals sent to elasticd's terminal or group do not
                 # reach it, and the whole group can be killed when the worker goes.
