@@ -25,7 +25,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from elasticd.config import Config, ConfigError, Quotas, Resources, load_config
 from elasticd.front import Front, RouteTable, Upstream
 from elasticd.metrics import MetricsServer
 from elasticd.overrides import effective
-from elasticd.pool.budget import CPU_SAMPLES, UNLIMITED, Budget, budget_of
+from elasticd.pool.budget import CPU_SAMPLES, UNLIMITED, Budget, budget_of, enforced
 from elasticd.pool.channel import ChannelServer
 from elasticd.pool.collector import PoolCollector
 from elasticd.pool.evaluator import SMOOTHING_ROWS
@@ -131,12 +131,7 @@ class Daemon:
         (none when cgroups are not enforced: then no limit is real, and none holds a scale-up)."""
         if not self.cgroups.enforced or tenant not in self.config.tenants:
             return UNLIMITED
-        resources = self.limits.resources_of(tenant)
-        # A limit whose controller the tenant's group lacks is not enforced: it binds nothing.
-        have = self._controllers.get(tenant, frozenset())
-        resources = replace(resources, cpu=resources.cpu if "cpu" in have else None,
-                            memory=resources.memory if "memory" in have else None,
-                            pids=resources.pids if "pids" in have else None)
+        resources = enforced(self.limits.resources_of(tenant), self._controllers.get(tenant, frozenset()))
         return budget_of(self.sampler.history(("tenant", tenant)), resources)
 
     def _upstreams(self, tenant: str, app: str, group: str) -> list[Upstream]:
@@ -168,11 +163,12 @@ class Daemon:
         if worker.state in _GONE_STATES:
             # The pooled connections point at a process that is gone; a restarted one gets fresh ones, and
             # a fresh window: its readings described another process.
-            self.front.close_upstream(worker.id)
             self.pool.forget_worker(worker.id)
             if worker.state == "stopped":  # gone for good (a restart keeps its id and socket path)
                 self._upstream_of.pop(worker.id, None)
-                self.front.forget_worker(worker.id)  # its forward counters too
+                self.front.forget_worker(worker.id)  # its connections and its forward counters
+            else:
+                self.front.close_upstream(worker.id)
 
     # ------------------------------------------------------------------ activation and reload
 
@@ -203,12 +199,17 @@ class Daemon:
         self.config = config
         for problem in problems:
             log.error("%s", problem)
+        if server.hung_after >= server.request_timeout:
+            log.warning("server.hung_after (%gs) is not shorter than server.request_timeout (%gs): a worker that "
+                        "does not report is never found hung (the front answers 504 first)", server.hung_after,
+                        server.request_timeout)
         return problems
 
     async def _remove_when_drained(self, previous: Config, retired: list[asyncio.Task[None]]) -> None:
         await asyncio.gather(*retired, return_exceptions=True)
-        # Against the config running now, not the one of that reload: a later reload may have brought it back.
-        await self.cgroups.remove_dropped(previous, lambda: self.config)
+        # Against the config running now, not the one of that reload: a later reload may have brought it back;
+        # and never a leaf that still holds a worker of ours (one draining from a later removal).
+        await self.cgroups.remove_dropped(previous, lambda: self.config, busy=self.supervisor.holds_app)
 
     def _track(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -223,8 +224,11 @@ class Daemon:
 
     async def reload(self) -> ReloadResult:
         """Parse and validate first: an invalid file changes nothing and its error is returned and logged.
-        A task of its own, so that a stop can cancel it wherever it is."""
-        return await self._track(self._reload())
+        A task of its own, so that a stop can cancel it wherever it is, and shielded from its caller: an
+        admin client that hangs up (aiohttp 3.8 cancels its handler) does not cut a reload in half."""
+        if self._stop.is_set():
+            return ReloadResult(ok=False, error="elasticd is stopping: the reload was not started")
+        return await asyncio.shield(self._track(self._reload()))
 
     async def _reload(self) -> ReloadResult:
         async with self._reload_lock:
@@ -346,7 +350,8 @@ class Daemon:
         getattr(self, f"_on_{name.lower()}")()
 
     def _on_sighup(self) -> None:
-        self._track(self.reload())
+        if not self._stop.is_set():
+            self._track(self.reload())
 
     def _on_sigterm(self) -> None:
         self._stop.set()

@@ -54,18 +54,19 @@ def _kind(message: bytes) -> bytes | None:
 class _Datagrams:
     """The one non-blocking socket to $NOTIFY_SOCKET, and what waits for room in its queue."""
 
-    __slots__ = ("pending", "sock", "timer", "warned")
+    __slots__ = ("loop", "pending", "sock", "timer", "warned")
 
     def __init__(self) -> None:
         self.sock: socket.socket | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.pending: list[tuple[str, bytes]] = []  # (address, message), in order
         self.timer: asyncio.TimerHandle | None = None
         self.warned = False
 
     def send(self, address: str, message: bytes) -> None:
-        if self.pending:  # in order: behind what already waits
+        if self.pending:  # in order: behind what already waits; the armed retry delivers it
             self._queue(address, message)
-            self._flush()
+            self._schedule()
             return
         if not self._try(address, message):
             self._queue(address, message)
@@ -98,7 +99,7 @@ class _Datagrams:
             log.warning("systemd is not reading its notify socket: dropped %r", dropped[1][:60])
 
     def _flush(self) -> None:
-        self.timer = None
+        self.timer = None  # only the retry timer calls this: one armed at a time
         while self.pending:
             address, message = self.pending[0]
             if not self._try(address, message):
@@ -107,14 +108,15 @@ class _Datagrams:
             self.pending.pop(0)
 
     def _schedule(self) -> None:
-        if self.timer is not None:
-            return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop (a synchronous caller): what cannot go now is dropped, said once
             log.warning("systemd's notify socket is full: not sent: %r", [m[:60] for _, m in self.pending])
             self.pending.clear()
             return
+        if self.timer is not None and self.loop is loop:
+            return  # one retry armed at a time (one armed on a loop since closed is forgotten)
+        self.loop = loop
         self.timer = loop.call_later(_RETRY, self._flush)
 
 

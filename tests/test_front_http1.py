@@ -183,10 +183,11 @@ def test_chunk_and_status_lines() -> None:
 
 
 class Req:
-    __slots__ = ("ts", "user", "worker")
+    __slots__ = ("live", "started", "ts", "user", "worker")
 
     def __init__(self, user: str | None, worker: str | None, ts: float) -> None:
         self.user, self.worker, self.ts = user, worker, ts
+        self.live = self.started = False
 
 
 def test_forward_accounting() -> None:
@@ -244,15 +245,16 @@ def test_collector_exposes_the_three_families() -> None:
 
 def test_the_sweep_spares_live_requests_and_the_oldest_open_is_per_worker() -> None:
     class Live:
-        def __init__(self, user, worker, ts, live):
-            self.user, self.worker, self.ts, self.live = user, worker, ts, live
+        def __init__(self, user, worker, ts, live, started=False):
+            self.user, self.worker, self.ts, self.live, self.started = user, worker, ts, live, started
 
     acct = Accounting()
-    streaming = Live("a", "w1", 1.0, True)  # a long download still relaying: live however old
+    streaming = Live("a", "w1", 1.0, True, started=True)  # a long download still relaying: live however old
     lost = Live("b", "w1", 2.0, False)  # a bug left it: swept by its timestamp
     young = Live("c", "w2", 50.0, False)
     ids = [acct.opened(r) for r in (streaming, lost, young)]
-    assert acct.oldest_open_by_worker() == {"w1": 1.0, "w2": 50.0}
+    # The download's answer has started: it is no evidence of silence; the oldest waiting one is b's.
+    assert acct.oldest_open_by_worker() == {"w1": 2.0, "w2": 50.0}
     assert acct.sweep(horizon=10.0) == [ids[1]]
     assert set(acct.open) == {ids[0], ids[2]}
     acct.worker("gone").requests = 3

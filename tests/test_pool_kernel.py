@@ -10,7 +10,7 @@ import pytest
 from elasticd.accounting.parse import Pressure
 from elasticd.accounting.sample import Sample
 from elasticd.model import Pool, Resources
-from elasticd.pool.budget import UNLIMITED, Budget, Reading, budget_of, cpu_wall, holds
+from elasticd.pool.budget import UNLIMITED, Budget, Reading, budget_of, cpu_wall, enforced, holds
 from elasticd.pool.drain import drain_verdict
 from elasticd.pool.evaluator import Row, occupancy
 from elasticd.pool.ledger import plan_compaction
@@ -170,6 +170,18 @@ def test_capacity(name, occ, spawning, held, maximum, binding, kind):
         assert "limit" in decision.reason
 
 
+def test_the_life_of_a_hold():
+    from elasticd.pool.policy import Decision, next_hold
+    held, scale = Decision("held", None, "r"), Decision("scale-up", None, "r")
+    none = frozenset()
+    assert next_hold(none, CPU_HOLD, held, measuring=False) == ({"cpu"}, True)  # starts: journaled
+    assert next_hold(frozenset({"cpu"}), CPU_HOLD, held, measuring=False) == ({"cpu"}, False)  # goes on
+    assert next_hold(frozenset({"cpu"}), CPU_HOLD, None, measuring=False) == ({"cpu"}, False)  # load dipped
+    assert next_hold(frozenset({"cpu"}), [], None, measuring=False) == (none, False)  # the limit binds no more
+    assert next_hold(frozenset({"cpu"}), [], scale, measuring=False) == (none, False)  # a scale-up was made
+    assert next_hold(frozenset({"cpu"}), [], None, measuring=True) == ({"cpu"}, False)  # no reading: no change
+
+
 # ---------------------------------------------------------------------- placement once
 
 PLACEMENT = [
@@ -200,6 +212,14 @@ def test_compaction_prefers_a_worker_without_a_tunnel():
     plan = plan_compaction(views, {}, POOL, {"a": 1, "b": 2, "c": 1})
     assert plan is not None and plan.retire == "a"  # every candidate holds one: the least occupied waits
     assert plan.decision.numbers["tunnels"] == 1
+
+
+def test_guests_load_is_projected_onto_the_reception():
+    # a carries 0.25 of guests: drained, that lands on the reception; at 0.3 + 0.25 the group of one left would
+    # be over its threshold and grow again at once, so no compaction; at 0.2 + 0.25 it fits.
+    pool = Pool(min_workers=1, max_workers=4, compaction_margin=0.5)
+    assert plan_compaction([WorkerView("r", 0.3), WorkerView("a", 0.25)], {"a": {}}, pool) is None
+    assert plan_compaction([WorkerView("r", 0.2), WorkerView("a", 0.25)], {"a": {}}, pool) is not None
 
 
 def test_only_the_users_given_move():
@@ -244,6 +264,8 @@ LIVENESS = [
      [(t, 5.0 + t, 0, None, None, 0.0) for t in range(10)], None),
     ("CPU creeping under the floor is no progress", True,
      [(t, 5.0 + CPU_PROGRESS / 10 * t, 0, 0.0, None, None) for t in range(10)], 3),
+    ("a wedged loop beside a background thread: CPU creeps past the floor, never at a rate", True,
+     [(t, 5.0 + 0.01 * t, 0, t, float(t), None) for t in range(30)], 3),
 ]
 
 
@@ -276,6 +298,12 @@ DRAIN = [
 def test_drain(name, now, requests, tunnels, expected):
     v = drain_verdict(now, 0.0, open_requests=requests, tunnels=tunnels, drain_timeout=300.0)
     assert (v.stop, v.cut) == expected
+
+
+def test_a_limit_without_its_controller_binds_nothing():
+    limits = Resources(cpu=50.0, memory=MiB, pids=10)
+    assert enforced(limits, {"cpu", "memory", "pids"}) == limits
+    assert enforced(limits, {"memory"}) == Resources(cpu=None, memory=MiB, pids=None)
 
 
 def test_unlimited_budget():

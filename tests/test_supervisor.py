@@ -262,3 +262,45 @@ async def test_a_worker_being_started_is_found_before_it_is_routable(tmp_path):
     assert supervisor.find("t.a.g.1") is found and found.routable
     await supervisor.stop_all()
     assert supervisor.find("t.a.g.1") is None
+
+
+async def test_a_stop_cancelled_half_way_leaves_the_worker_for_stop_all(tmp_path):
+    """A retire cancelled at shutdown while its worker ignores SIGTERM: the worker must stay known, so that
+    stop_all finishes it (it would otherwise outlive the daemon)."""
+    (tmp_path / "workers").mkdir()
+    spec = WorkerSpec(argv=(sys.executable, "-c", SERVER), env=(("MODE", "stubborn"),), cwd=str(tmp_path), leaf=None)
+    supervisor = Supervisor(str(tmp_path), lambda tenant, app: None, start_wait=10, stop_timeout=0.5)
+    assert await supervisor._start_group(("t", "a", "g"), Desired(spec, 1, 1)) == []
+    worker = supervisor.find("t.a.g.1")
+    pid = worker.pid
+    retire = asyncio.create_task(supervisor.retire("t.a.g.1"))
+    await asyncio.sleep(0.2)  # inside its grace: SIGTERM sent, ignored
+    retire.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await retire
+    assert supervisor.find("t.a.g.1") is worker and psutil.pid_exists(pid)
+    await supervisor.stop_all()
+    assert supervisor.find("t.a.g.1") is None
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+async def test_a_group_removed_and_added_again_while_draining_gets_new_worker_ids(tmp_path):
+    (tmp_path / "workers").mkdir()
+    spec = WorkerSpec(argv=(sys.executable, "-c", SERVER), env=(), cwd=str(tmp_path), leaf=None)
+    supervisor = Supervisor(str(tmp_path), lambda tenant, app: None, start_wait=10)
+    release = asyncio.Event()
+
+    async def drain(workers, timeout):
+        await release.wait()  # the removed group's worker still has a request open
+
+    supervisor.drain = drain
+    key = ("t", "a", "g")
+    assert await supervisor._start_group(key, Desired(spec, 1, 1)) == []
+    draining = supervisor._stop_group(key)
+    assert await supervisor._start_group(key, Desired(spec, 1, 1)) == []  # a reload brings it back
+    assert [w.id for w in supervisor.workers_of(key)] == ["t.a.g.2"]
+    assert supervisor.find("t.a.g.1") is not None and supervisor.held(key) == 2  # both alive, both counted
+    release.set()
+    await draining
+    assert supervisor.find("t.a.g.1") is None and supervisor.find("t.a.g.2").routable
+    await supervisor.stop_all()

@@ -97,3 +97,29 @@ async def test_a_notify_socket_nobody_reads_never_blocks_and_nothing_that_matter
     ready = received.index("READY=1\nSTATUS=up")
     assert "STATUS=step 399" in received[ready + 1:]  # the latest status after READY arrived
     assert len(received) < 30  # 400 statuses were not all queued
+
+
+async def test_a_full_queue_arms_one_retry_timer_not_one_per_send(tmp_path, monkeypatch):
+    from elasticd import systemd
+
+    path = tmp_path / "notify"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    monkeypatch.setenv("NOTIFY_SOCKET", str(path))
+    timers = []
+    real = systemd._Datagrams._schedule
+
+    def counting(self):
+        armed = self.timer is not None
+        real(self)
+        if not armed and self.timer is not None:
+            timers.append(self.timer)
+
+    monkeypatch.setattr(systemd._Datagrams, "_schedule", counting)
+    notifier = Notifier()
+    for i in range(300):
+        notifier.status(f"{i}")
+    live = [t for t in timers if not t.cancelled()]
+    assert len(live) == 1  # one retry armed, however many sends found the queue full
+    sock.close()
+    systemd._datagrams.pending.clear()

@@ -24,6 +24,10 @@ __all__ = ["CgroupRefused", "Placement"]
 log = logging.getLogger("elasticd.cgroup")
 
 
+def _configured(config: Config, tenant: str, app: str) -> bool:
+    return tenant in config.tenants and app in config.tenants[tenant].apps
+
+
 class CgroupRefused(Exception):
     """``cgroups.mode: required`` and the base cannot be used: elasticd must not start."""
 
@@ -100,24 +104,27 @@ class Placement:
             return ["cgroups are not enforced: the limits are recorded but no kernel file was written"]
         return self.tree.apply_limits(tenant, resources, [app.root for app in config.tenants[tenant].apps.values()])
 
-    async def remove_dropped(self, old: Config, current: Callable[[], Config], retry: float = 0.25,
+    async def remove_dropped(self, old: Config, current: Callable[[], Config],
+                             busy: Callable[[str, str], bool] = lambda tenant, app: False, retry: float = 0.25,
                              max_retry: float = 5.0) -> None:
         """After their workers are gone: the leaves of removed apps, then the groups of removed tenants. An
-        rmdir refused with EBUSY (a process still on its way out) is retried, with backoff, until it succeeds —
-        or until the app or tenant is configured again (``current()`` is read at every try)."""
+        rmdir refused with EBUSY (a process still on its way out) is retried, with backoff, until it succeeds.
+        An app configured again meanwhile (``current()``, read before each leaf), or whose leaf still holds a
+        worker of ours (``busy``), is left alone: its leaf is not killed, nor removed."""
         tree = self.tree
         if tree is None:
             return
         delay = retry
         while True:
-            new = current()
             pending = False
             for tenant, app in old.apps():
-                if tenant.name not in new.tenants or app.name not in new.tenants[tenant.name].apps:
-                    await self.drain_leaf(tenant.name, app.name)
+                if _configured(current(), tenant.name, app.name) or busy(tenant.name, app.name):
+                    continue
+                await self.drain_leaf(tenant.name, app.name)
+                if not _configured(current(), tenant.name, app.name):  # drain_leaf waited: look again
                     pending = not tree.remove_app(tenant.name, app.name) or pending
             for name in old.tenants:
-                if name not in new.tenants:
+                if name not in current().tenants and not any(busy(name, app) for app in old.tenants[name].apps):
                     pending = not tree.remove_tenant(name) or pending
             if not pending:
                 return

@@ -31,6 +31,8 @@ class OpenRequest(Protocol):
     user: str | None
     worker: str | None
     ts: float
+    live: bool  # still relaying to or from the worker
+    started: bool  # the worker's answer has begun
 
 
 class WorkerCounters:
@@ -130,8 +132,7 @@ class Accounting:
         """Drop open entries older than ``horizon`` that are no longer live: only a bug could leave one (every
         request closes its own entry however it ends), and a visible, then swept, stale entry is the point of
         using a dict. A request still relaying (a long download) is live whatever its age."""
-        stale = [rid for rid, request in list(self.open.items())
-                 if request.ts < horizon and not getattr(request, "live", False)]
+        stale = [rid for rid, request in list(self.open.items()) if request.ts < horizon and not request.live]
         for rid in stale:
             self.open.pop(rid, None)
         return stale
@@ -148,11 +149,12 @@ class Accounting:
         return counts
 
     def oldest_open_by_worker(self) -> dict[str, float]:
-        """Per worker, when its oldest open request was sent (the liveness rule of sensor-less workers)."""
+        """Per worker, when the oldest request still waiting for the start of its answer was sent: the liveness
+        rule of sensor-less workers (a stream, a long-poll or a download under way is an answer, not silence)."""
         oldest: dict[str, float] = {}
         for request in list(self.open.values()):
             worker = request.worker
-            if worker is not None and request.ts < oldest.get(worker, float("inf")):
+            if worker is not None and not request.started and request.ts < oldest.get(worker, float("inf")):
                 oldest[worker] = request.ts
         return oldest
 

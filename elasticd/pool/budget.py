@@ -20,14 +20,16 @@ given (the shell keeps about one smoothing window of them): an OOM kill a minute
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
-from elasticd.accounting.sample import Sample
 from elasticd.model import Pool, Resources
 
-__all__ = ["CPU_SAMPLES", "Budget", "Hold", "Reading", "budget_of", "cpu_wall", "holds"]
+if TYPE_CHECKING:  # only the type: elasticd.accounting's package would bring the sampler (a shell) along
+    from elasticd.accounting.sample import Sample
+
+__all__ = ["CPU_SAMPLES", "Budget", "Hold", "Reading", "budget_of", "cpu_wall", "enforced", "holds"]
 
 CPU_SAMPLES = 3  # the latest sample and the two before it: a rate over two sampler intervals
 
@@ -53,7 +55,8 @@ class Budget:
     reading: Reading | None  # None: fewer than two samples yet, or cgroups not enforced
     # Enforced, but no reading to decide on yet (fewer than two samples: just started, a new tenant; or a
     # cpu.max in force and no CPU rate): a scale-up waits for one — two sampler intervals — rather than being
-    # made blind. The daemon gives no cpu quota where the cpu controller is missing, so this cannot last.
+    # made blind. ``enforced`` gives no cpu quota where the cpu controller is missing: without one the
+    # reading never waits for a rate.
     pending: bool = False
 
     @property
@@ -82,6 +85,14 @@ class Hold:
 
 def cpu_wall(quota_cores: float | None) -> float:
     return 1.0 if quota_cores is None else min(1.0, quota_cores)
+
+
+def enforced(resources: Resources, controllers: Collection[str]) -> Resources:
+    """The limits the kernel enforces in a group with these controllers: one whose controller is missing
+    binds nothing (and is no CPU wall)."""
+    return replace(resources, cpu=resources.cpu if "cpu" in controllers else None,
+                   memory=resources.memory if "memory" in controllers else None,
+                   pids=resources.pids if "pids" in controllers else None)
 
 
 def _delta(new: int | None, old: int | None) -> int | None:

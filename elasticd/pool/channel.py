@@ -163,7 +163,10 @@ class ChannelServer:
             log.warning("channel: refused a report from %s: %s", worker_id, exc)
             _send_nowait(writer, {"type": "error", "reason": f"report refused: {exc}"})
             return
-        self._on_report(worker_id, report, self._clock())
+        try:
+            self._on_report(worker_id, report, self._clock())
+        except Exception:  # a bug of ours in the pool must not cut the channel (it would reconnect, and fail again)
+            log.exception("channel: the pool failed on a report of %s", worker_id)
 
 
 def _send_nowait(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:

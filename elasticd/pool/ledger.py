@@ -54,7 +54,8 @@ class Compaction:
 def plan_compaction(workers: Sequence[WorkerView], loads: Mapping[str, Mapping[str, float]],
                     pool: Pool, tunnels: Mapping[str, int] | None = None) -> Compaction | None:
     """``workers``: routable, in order, reception first. ``loads``: per worker, each logged-in user's share of
-    its occupancy (guests never move: they are re-placed on the reception when their worker goes).
+    its occupancy (guests never move: they are re-placed on the reception when their worker goes, so the rest
+    of the drained worker's occupancy is projected onto the reception).
     ``tunnels``: open WebSocket tunnels per worker — a worker holding one is drained only when every other
     candidate holds one too (its drain waits for the tunnel to close)."""
     book = ledger([w.occupancy for w in workers], pool)
@@ -68,6 +69,9 @@ def plan_compaction(workers: Sequence[WorkerView], loads: Mapping[str, Mapping[s
     projected = {w.id: w.occupancy for w in survivors}
     moves: dict[str, str] = {}
     users = loads.get(drained.id, {})
+    # What the drained worker carries beyond its logged-in users (guests, clients without a cookie) lands on
+    # the reception, where the front re-places them.
+    projected[workers[0].id] += max(drained.occupancy - sum(users.values()), 0.0)
     for user, load in sorted(users.items(), key=lambda item: (-item[1], item[0])):
         target = _admit_projected(survivors, projected, load, pool)
         if target is None:

@@ -14,8 +14,10 @@ A handler burning CPU makes progress; a handler awaiting a slow database keeps r
 from a thread of its own, its loop keeps beating). What is left is what should be killed: a SIGSTOPped
 process (no reports, no CPU), a deadlock while idle (the loop stalled, no CPU, no answers).
 
-CPU progress needs a floor: the library's reporting thread itself uses a little CPU (well under a
-millisecond a report), and a clock-tick-resolution counter (10 ms) that moved once is not a worker working.
+CPU progress needs a floor, in amount and in rate: the library's reporting thread itself uses a little CPU
+(about 0.02 ms a report), a clock-tick-resolution counter (10 ms) that moved once is not a worker working, and
+a wedged loop beside a background thread creeps forward forever — so progress is more than ``CPU_PROGRESS``
+seconds of CPU AND more than ``CPU_PROGRESS_RATE`` of a core since the last mark.
 """
 
 from __future__ import annotations
@@ -23,9 +25,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CPU_PROGRESS", "Hung", "Progress", "observe", "verdict"]
+__all__ = ["CPU_PROGRESS", "CPU_PROGRESS_RATE", "Hung", "Progress", "observe", "reporting", "verdict"]
 
-CPU_PROGRESS = 0.05  # seconds of CPU since the last progress that count as progress
+CPU_PROGRESS = 0.05  # seconds of CPU since the last progress mark that count as progress...
+CPU_PROGRESS_RATE = 0.02  # ...when they are also more than this share of one core over the same time
+
+
+def reporting(now: float, last_report: float | None, loop_lag: float | None, interval: float) -> bool:
+    """A worker that reports is plainly alive while its reports come and its loop beats (within one and a
+    half intervals): then its process tree's CPU need not be read at all (a walk of /proc per worker per
+    tick), and its progress mark simply follows the clock."""
+    if last_report is None:
+        return False
+    return now - last_report < 1.5 * interval and (loop_lag or 0.0) < 1.5 * interval
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +57,10 @@ def observe(previous: Progress | None, now: float, cpu: float | None, answered: 
     """Fold one tick's readings into the worker's progress mark."""
     if previous is None:
         return Progress(now, cpu, answered)
+    used = cpu - previous.cpu if cpu is not None and previous.cpu is not None else 0.0
+    elapsed = now - previous.at
     advanced = answered > previous.answered or (
-        cpu is not None and previous.cpu is not None and cpu - previous.cpu > CPU_PROGRESS)
+        used > CPU_PROGRESS and (elapsed <= 0 or used / elapsed > CPU_PROGRESS_RATE))
     if advanced or (previous.cpu is None and cpu is not None):
         return Progress(now, cpu, answered)
     return previous

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from elasticd.model import Config, Pool
+from elasticd.model import Config, Pool, Server
 from elasticd.pool.budget import UNLIMITED, Budget, holds
 from elasticd.pool.drain import drain_verdict
 from elasticd.pool.evaluator import (
@@ -40,8 +40,8 @@ from elasticd.pool.evaluator import (
 )
 from elasticd.pool.journal import Journal
 from elasticd.pool.ledger import ledger, plan_compaction
-from elasticd.pool.liveness import Progress, observe, verdict
-from elasticd.pool.policy import Decision, WorkerView, check_capacity, place_login
+from elasticd.pool.liveness import Progress, observe, reporting, verdict
+from elasticd.pool.policy import Decision, WorkerView, check_capacity, next_hold, place_login
 from elasticd.pool.report import Report
 from elasticd.pool.sensing import TreeSensor, tree_cpu
 
@@ -94,14 +94,15 @@ class _Accounting(Protocol):
 
 
 class _Group:
-    __slots__ = ("bound", "concurrency", "draining", "journal", "occupancy", "pool", "sensors", "spawning",
+    __slots__ = ("bound", "concurrency", "draining", "held", "journal", "occupancy", "pool", "sensors", "spawning",
                  "user_seconds", "wall", "windows")
 
     def __init__(self, pool: Pool, concurrency: int) -> None:
         self.pool = pool
         self.concurrency = concurrency
         self.wall = 1.0  # the CPU one worker of the group can use: min(1 core, the tenant's cpu.max)
-        self.bound: dict[str, Decision] = {}  # resource → the held decision, while a limit holds the group
+        self.bound: frozenset[str] = frozenset()  # the resources holding the group's scale-up, while they do
+        self.held: Decision | None = None  # the decision that started the hold (its reason and numbers)
         self.windows: dict[str, Window] = {}
         # Evaluated when a report is archived (the only time it can change), so placement on the request path
         # reads N numbers instead of re-averaging N windows.
@@ -146,7 +147,7 @@ class PoolManager:
         self._tunnels = tunnels or dict
         self._tree_cpu = tree_cpu
         self.interval = interval
-        self.hung_after = hung_after if hung_after is not None else max(30.0, 3 * interval)
+        self.hung_after = hung_after if hung_after is not None else Server().hung_after
         self._clock = clock
         self._wall = wall
         self._groups: dict[GroupKey, _Group] = {}
@@ -209,7 +210,7 @@ class PoolManager:
 
     def limits_bound(self) -> dict[GroupKey, frozenset[str]]:
         """Per group, the resources holding its scale-up right now (elasticd_group_limit_bound)."""
-        return {key: frozenset(entry.bound) for key, entry in self._groups.items()}
+        return {key: entry.bound for key, entry in self._groups.items()}
 
     # ------------------------------------------------------------------ the request path: a login
 
@@ -287,20 +288,17 @@ class PoolManager:
                         worker_pids=self._pids_per_worker(key[0], budget))
         decision = check_capacity(views, entry.pool, spawning=len(entry.spawning) + unmeasured,
                                   held=self._supervisor.held(key), holds=binding, measuring=budget.pending)
-        # A hold lasts while its limit binds, not only while a scale-up is being asked for: a load that dips
-        # between two reports does not end it (nor start a new one in the journal). A tick without a reading
-        # decides nothing either way.
-        if entry.bound and not budget.pending and (not binding or (decision is not None and decision.kind != "held")):
-            log.info("pool %s: no longer held by the tenant's %s limit", "/".join(key), ", ".join(entry.bound))
-            entry.bound = {}
+        bound, new = next_hold(entry.bound, binding, decision, measuring=budget.pending)
+        if entry.bound and not bound:
+            log.info("pool %s: no longer held by the tenant's %s limit", "/".join(key), ", ".join(sorted(entry.bound)))
+        entry.bound = bound
         if decision is None:
             return
         if decision.kind == "held":
-            resources = {hold.resource for hold in binding}
-            if resources != set(entry.bound):  # a new hold (or another limit): one journal entry, one log line
+            if new:  # a new hold (or another limit): one journal entry, one log line
+                entry.held = decision
                 self._record(entry, decision)
                 log.warning("pool %s: scale-up held: %s", "/".join(key), decision.reason)
-            entry.bound = {resource: decision for resource in resources}
             return
         worker = self._supervisor.add_worker(key)
         if worker is None:
@@ -308,7 +306,7 @@ class PoolManager:
         entry.spawning.add(worker.id)
         self._record(entry, Decision(decision.kind, worker.id, decision.reason,
                                      {**decision.numbers, "budget": budget.numbers()}))
-        log.info("pool %s: scale-up to %d workers (%s)", "/".join(key), len(workers) + 1, decision.reason)
+        log.info("pool %s: scale-up to %d workers (%s)", "/".join(key), self._supervisor.held(key), decision.reason)
 
     @staticmethod
     def _mean_rss(entry: _Group, views: Sequence[WorkerView]) -> float | None:
@@ -353,14 +351,15 @@ class PoolManager:
         loads: dict[str, dict[str, float]] = {}
         seen: dict[str, float] = {}
         for view in views:
-            users = list(self._surface.on(view.id))
-            deltas = {}
-            for user, record in users:
+            deltas, logged_in = {}, set()
+            for user, record in self._surface.on(view.id):
                 seen[user] = record.seconds
+                deltas[user] = max(record.seconds - entry.user_seconds.get(user, 0.0), 0.0)
                 if record.login is not None:
-                    deltas[user] = max(record.seconds - entry.user_seconds.get(user, 0.0), 0.0)
-            if deltas:
-                loads[view.id] = loads_for(view.occupancy, deltas)
+                    logged_in.add(user)
+            if deltas:  # shares over every user, guests too; only the logged-in ones are given to move
+                loads[view.id] = {u: share for u, share in loads_for(view.occupancy, deltas).items()
+                                  if u in logged_in}
         entry.user_seconds = seen
         return loads
 
@@ -426,6 +425,11 @@ class PoolManager:
                         self.on_report(worker.id, report, now, announced=False)
                     cpu = sensor.cpu_seconds
                 else:
+                    last = self._last_report.get(worker.id)
+                    if last is not None and reporting(now, last[0], last[1], self.interval):
+                        answered = self._accounting.worker(worker.id).answered
+                        self._progress[worker.id] = Progress(now, None, answered)  # alive: no /proc walk
+                        continue
                     cpu = self._tree_cpu(worker.pid)
                 self._check_liveness(key, entry, worker, now, cpu, announced, open_requests, oldest)
 
@@ -454,7 +458,8 @@ class PoolManager:
                 log.exception("pool: the sensing tick failed")
 
     def stop(self) -> None:
-        """At shutdown: the retires in flight end here (the supervisor stops every worker itself)."""
+        """At shutdown: the retires and replacements in flight end here; a worker one of them was stopping stays
+        in the supervisor's registry until it has stopped, so stop_all finishes it."""
         for task in list(self._tasks):
             task.cancel()
 
@@ -487,7 +492,7 @@ class PoolManager:
                 })
             book = ledger(occupancies, entry.pool)
             pool = entry.pool
-            held = next(iter(entry.bound.values()), None)
+            held = entry.held if entry.bound else None
             groups[g] = {
                 "thresholds": {"reception": pool.reception_threshold, "admission": pool.admission_threshold,
                                "compaction_margin": pool.compaction_margin, "min_workers": pool.min_workers,

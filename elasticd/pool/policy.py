@@ -25,7 +25,7 @@ from typing import Any
 from elasticd.model import Pool
 from elasticd.pool.budget import Hold
 
-__all__ = ["Decision", "WorkerView", "admit", "check_capacity", "place_login"]
+__all__ = ["Decision", "WorkerView", "admit", "check_capacity", "next_hold", "place_login"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,3 +114,20 @@ def check_capacity(workers: Sequence[WorkerView], pool: Pool, *, spawning: int, 
         return Decision("held", None, f"{reason}, but held by the tenant's limit: {because}",
                         {**numbers, "limits": limits})
     return Decision("scale-up", None, reason, numbers)
+
+
+def next_hold(bound: frozenset[str], binding: Sequence[Hold], decision: Decision | None, *,
+              measuring: bool) -> tuple[frozenset[str], bool]:
+    """The resources holding a group after this check, and whether that is a new hold (for the journal).
+
+    A hold lasts while its limit binds, not only while a scale-up is being asked for: a load that dips between
+    two reports neither ends it nor, coming back, starts a second one in the journal. It ends when its limit
+    no longer binds or a scale-up is made; a check without a reading (``measuring``) changes nothing."""
+    if measuring:
+        return bound, False
+    if decision is not None and decision.kind == "held":
+        resources = frozenset(hold.resource for hold in binding)
+        return resources, resources != bound
+    if decision is not None or not binding:
+        return frozenset(), False
+    return bound, False

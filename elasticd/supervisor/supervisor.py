@@ -32,7 +32,7 @@ __all__ = ["ApplyResult", "Supervisor"]
 log = logging.getLogger("elasticd.supervisor")
 
 # (the workers leaving, the longest they may take) → returns once nothing is open on them, or at the timeout
-DrainFn = Callable[[list[Worker], float], Awaitable[None]]
+DrainFn = Callable[[list[Worker], float], Awaitable[object]]
 
 
 # How long a start or reload waits for new workers to accept connections before it reports them.
@@ -48,16 +48,15 @@ class ApplyResult:
 
 
 class _Group:
-    __slots__ = ("counter", "desired", "workers")
+    __slots__ = ("desired", "workers")
 
     def __init__(self, desired: Desired) -> None:
         self.desired = desired
         self.workers: list[Worker] = []
-        self.counter = 0
 
 
 class Supervisor:
-    __slots__ = ("_alive", "_background", "_groups", "_lock", "drain", "leaf_for", "occupancy_interval",
+    __slots__ = ("_alive", "_background", "_counters", "_groups", "_lock", "drain", "leaf_for", "occupancy_interval",
                  "on_worker_state", "runtime_dir", "start_wait", "stop_timeout", "stopping")
 
     def __init__(self, runtime_dir: str, leaf_for: Callable[[str, str], str | None], *,
@@ -71,6 +70,9 @@ class Supervisor:
         self.on_worker_state: Callable[[Worker], None] | None = None
         self._groups: dict[GroupKey, _Group] = {}
         self._alive: dict[str, Worker] = {}
+        # Per group, the last worker number given. Kept when a group is removed: its workers may still be
+        # draining when a reload brings it back, and a reused id would share their socket, pool and journal.
+        self._counters: dict[GroupKey, int] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
         self.drain: DrainFn | None = None  # the daemon's: waits on the front's open requests and tunnels
@@ -87,11 +89,13 @@ class Supervisor:
         return self._alive.get(worker_id)
 
     def held(self, key: GroupKey) -> int:
-        """Every worker of the group that has not stopped, in any state and any list: max_workers counts these."""
-        return sum(1 for w in self._alive.values() if (w.tenant, w.app, w.group) == key)
+        """Every worker of the group with a process or about to have one (starting, running, in backoff,
+        draining, being replaced; not failed, not stopped), in any list: what max_workers caps."""
+        return sum(1 for w in self._alive.values() if (w.tenant, w.app, w.group) == key and w.state != "failed")
 
-    def alive(self) -> list[Worker]:
-        return list(self._alive.values())
+    def holds_app(self, tenant: str, app: str) -> bool:
+        """Whether any worker of this app is alive (its leaf must not be killed or removed meanwhile)."""
+        return any((w.tenant, w.app) == (tenant, app) for w in self._alive.values())
 
     def status(self) -> dict[GroupKey, list[dict[str, object]]]:
         return {key: [w.describe() for w in entry.workers] for key, entry in self._groups.items()}
@@ -162,13 +166,15 @@ class Supervisor:
 
     async def replace_worker(self, worker_id: str) -> None:
         """A hung worker: killed at once (it answers no signal it could handle, and its grace would only delay
-        the replacement), then a new one in the group. Killed first, so the group never holds more than
-        max_workers."""
+        the replacement), then a new one in the group. Killed first, so that a replacement never takes the
+        group over max_workers."""
         for key, entry in self._groups.items():
             for worker in entry.workers:
                 if worker.id == worker_id:
                     entry.workers.remove(worker)
-                    await self._stop(worker, 0.0)
+                    await worker.kill()
+                    if self._alive.get(worker.id) is worker:
+                        del self._alive[worker.id]
                     self.add_worker(key)
                     return
 
@@ -191,20 +197,20 @@ class Supervisor:
     # ------------------------------------------------------------------ the steps
 
     def _new_worker(self, key: GroupKey, entry: _Group, spec: WorkerSpec) -> Worker:
-        entry.counter += 1
+        number = self._counters[key] = self._counters.get(key, 0) + 1
         tenant, app, group = key
-        worker = Worker(f"{tenant}.{app}.{group}.{entry.counter}", tenant, app, group, spec,
+        worker = Worker(f"{tenant}.{app}.{group}.{number}", tenant, app, group, spec,
                         runtime_dir=self.runtime_dir, occupancy_interval=self.occupancy_interval)
         worker.on_state = self.on_worker_state
         self._alive[worker.id] = worker  # before it starts: from here on, stop_all reaches it
         return worker
 
     async def _stop(self, worker: Worker, grace: float) -> None:
-        try:
-            await worker.stop(grace)
-        finally:
-            if self._alive.get(worker.id) is worker:
-                del self._alive[worker.id]
+        # Out of _alive only once it has stopped: a stop cancelled half-way (a retire at shutdown) leaves the
+        # worker for stop_all to finish, not forgotten with a process still running.
+        await worker.stop(grace)
+        if self._alive.get(worker.id) is worker:
+            del self._alive[worker.id]
 
     def _retire_later(self, workers: list[Worker], drain_timeout: float) -> asyncio.Task[None] | None:
         """Drain, then stop, in the background (the workers are already out of their group's list)."""

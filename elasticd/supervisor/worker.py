@@ -119,6 +119,17 @@ class Worker:
             done.cancel()
         return self.routable
 
+    async def kill(self) -> None:
+        """SIGKILL the process tree now (a hung worker: it would answer no signal it could handle); never
+        restarts afterwards."""
+        self._stop_requested = True
+        process = self._process
+        if process is not None and process.returncode is None:
+            self._set_state("stopping")
+            _kill_tree(process.pid)
+            await process.wait()
+        await self._end()
+
     async def stop(self, grace: float) -> None:
         """SIGTERM, wait ``grace`` seconds, SIGKILL the process tree; never restarts afterwards."""
         self._stop_requested = True
@@ -133,6 +144,9 @@ class Worker:
                 log.warning("worker %s did not stop within %gs: killing it", self.id, grace)
                 _kill_tree(process.pid)
                 await process.wait()
+        await self._end()
+
+    async def _end(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
