@@ -33,6 +33,7 @@ from elasticd import __version__
 from elasticd.accounting.sampler import Sampler
 from elasticd.accounting.usage import measure
 from elasticd.api.server import AdminApi, SocketInUse
+from elasticd.background import Background
 from elasticd.cgroup.placement import CgroupRefused, Placement
 from elasticd.config import Config, ConfigError, Quotas, Resources, load_config
 from elasticd.front import Front, RouteTable, Upstream
@@ -117,7 +118,7 @@ class Daemon:
         self.last_reload: ReloadResult | None = None
         self._reload_lock = asyncio.Lock()
         self._stop = asyncio.Event()
-        self._tasks: set[asyncio.Task[Any]] = set()  # activations, reloads, cgroup removals: cancelled at stop
+        self._tasks = Background(log, "a background task of the daemon")  # activations, reloads, removals
         self._upstream_of: dict[str, Upstream] = {}
         self._controllers: dict[str, frozenset[str]] = {}  # per tenant, read at each activation
 
@@ -212,15 +213,7 @@ class Daemon:
         await self.cgroups.remove_dropped(previous, lambda: self.config, busy=self.supervisor.holds_app)
 
     def _track(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("a background task of the daemon failed", exc_info=task.exception())
+        return self._tasks.spawn(coroutine)
 
     async def reload(self) -> ReloadResult:
         """Parse and validate first: an invalid file changes nothing and its error is returned and logged.
@@ -364,10 +357,8 @@ class Daemon:
         self._stop.set()
         # What may still start or stop workers goes first: activations, reloads, the pool's retires.
         self.supervisor.stopping = True
-        for task in list(self._tasks):
-            task.cancel()
         self.pool.stop()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.settle()
         await self.notifier.stop_watchdog()
         grace = self.config.server.stop_timeout
         await self.front.stop(grace)

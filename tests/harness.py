@@ -37,6 +37,20 @@ def fake_cgroup_tree(path: Path, controllers: str = "cpu memory pids io") -> Pat
     return path
 
 
+def browse(d: Daemon, path: str, cookie: str | None = None, host: str = "shop.localhost",
+           timeout: float = 30) -> tuple[int, str, str | None]:
+    """GET through the front as a browser would: (status, body, the elastic_uid it holds afterwards)."""
+    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers={"Host": host, **({"Cookie": f"elastic_uid={cookie}"} if cookie else {})})
+        response = conn.getresponse()
+        body = response.read().decode(errors="replace")
+        set_cookie = response.getheader("Set-Cookie")
+        return response.status, body, set_cookie.split("elastic_uid=")[1].split(";")[0] if set_cookie else cookie
+    finally:
+        conn.close()
+
+
 class NotifySocket:
     """The systemd side of sd_notify: a datagram socket collecting every message the daemon sends."""
 
@@ -172,6 +186,25 @@ class Daemon:
             return response.status, response.read().decode(errors="replace"), response.headers
         finally:
             conn.close()
+
+    def pool(self, app: str = "acme/shop", group: str = "green") -> dict[str, Any]:
+        """One group of ``elasticctl pool APP --json``; its worker pids join seen_pids."""
+        result = self.ctl("pool", app, "--json")
+        assert result.returncode == 0, result.stderr
+        found = json.loads(result.stdout)["groups"][group]
+        self.seen_pids.update(w["pid"] for w in found["workers"] if w["pid"])
+        return found
+
+    def wait_pool(self, predicate, timeout: float, what: str, app: str = "acme/shop",
+                  group: str = "green") -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.pool(app, group)
+            if predicate(found):
+                return found
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: not within {timeout}s; pool: {json.dumps(found)[:4000]}")
+            time.sleep(0.1)
 
     def restart(self) -> None:
         """SIGTERM and wait, then start again on the same files (and the same notify socket)."""

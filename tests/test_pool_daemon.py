@@ -4,7 +4,6 @@ user still served, a sensor-less group scales too, and forged channel peers are 
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import threading
@@ -12,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import browse
 
 TENANTS = """\
 tenants:
@@ -29,37 +29,6 @@ tenants:
                     admission_threshold: 0.8, compaction_margin: 1.5}}
 """
 SERVER = "  occupancy_interval: 200ms\n"
-
-
-def _request(d, path: str, cookie: str | None = None) -> tuple[int, str, str | None]:
-    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=30)
-    try:
-        headers = {"Host": "shop.localhost", **({"Cookie": f"elastic_uid={cookie}"} if cookie else {})}
-        conn.request("GET", path, headers=headers)
-        response = conn.getresponse()
-        body = response.read().decode()
-        set_cookie = response.getheader("Set-Cookie")
-        uid = set_cookie.split("elastic_uid=")[1].split(";")[0] if set_cookie else None
-        return response.status, body, uid
-    finally:
-        conn.close()
-
-
-def _pool(d) -> dict:
-    result = d.ctl("pool", "acme/shop", "--json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)["groups"]["green"]
-
-
-def _wait(d, predicate, timeout: float, what: str) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        group = _pool(d)
-        if predicate(group):
-            return group
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout}s; pool: {json.dumps(group)[:3000]}")
-        time.sleep(0.2)
 
 
 def _running(group) -> int:
@@ -85,9 +54,9 @@ class Users:
 
     def _arrive(self) -> None:
         i = len(self.cookies)
-        code, _, uid = _request(self.d, "/")
+        code, _, uid = browse(self.d, "/")
         assert code == 200 and uid
-        assert _request(self.d, f"/login?name=u{i}", uid)[0] == 200
+        assert browse(self.d, f"/login?name=u{i}", uid)[0] == 200
         self.cookies.append(uid)
         thread = threading.Thread(target=self._burn, args=(i,), daemon=True)
         self.threads.append(thread)
@@ -104,7 +73,7 @@ class Users:
         deadline = time.monotonic() + 60
         while not self.stop.is_set() and time.monotonic() < deadline:
             try:
-                _request(self.d, "/sleep?ms=150", self.cookies[i])
+                browse(self.d, "/sleep?ms=150", self.cookies[i])
             except OSError:  # a slow answer on a loaded machine is load all the same; assertions are below
                 continue
 
@@ -119,12 +88,12 @@ class Users:
 def test_load_grows_the_pool_and_it_compacts_back(daemons, tmp_path, sensorless):
     d = daemons(TENANTS.format(root=tmp_path, sensorless=sensorless, max_workers=3), extra_server=SERVER)
     d.start()
-    assert _running(_pool(d)) == 1
+    assert _running(d.pool()) == 1
     # One a second, each holding one of a worker's 4 slots: the reception keeps those who come while it is alone
     # (a group of one always keeps), worker 2 is full at 4, then worker 3 gets the rest.
     users = Users(d, 12, every=1.0)
     try:
-        grown = _wait(d, lambda g: _running(g) == 3, 90, "grow to max_workers")
+        grown = d.wait_pool(lambda g: _running(g) == 3, 90, "grow to max_workers")
         assert grown["decision_counts"]["scale-up"] >= 2
         if sensorless == "0":
             assert all(w["announced"] for w in grown["workers"] if w["state"] == "running")
@@ -134,23 +103,23 @@ def test_load_grows_the_pool_and_it_compacts_back(daemons, tmp_path, sensorless)
         else:
             assert not any(w["announced"] for w in grown["workers"])
         time.sleep(1.0)
-        assert len(_pool(d)["workers"]) <= 3  # max_workers holds
+        assert len(d.pool()["workers"]) <= 3  # max_workers holds
     finally:
         users.halt()
-    shrunk = _wait(d, lambda g: len(g["workers"]) == 1, 90, "compact back to min_workers")
+    shrunk = d.wait_pool(lambda g: len(g["workers"]) == 1, 90, "compact back to min_workers")
     counts = shrunk["decision_counts"]
     assert counts["compaction"] >= 2 and counts["retire"] >= 2
     compaction = next(x for x in shrunk["decisions"] if x["decision"] == "compaction")
     assert {"C", "O", "H", "trigger"} <= set(compaction["numbers"])
     for cookie in users.cookies:  # every user still served after its worker was compacted away
-        code, body, _ = _request(d, "/", cookie)
+        code, body, _ = browse(d, "/", cookie)
         assert code == 200 and "worker acme.shop.green." in body
 
 
 def test_forged_channel_peers_are_refused(daemons, tmp_path):
     d = daemons(TENANTS.format(root=tmp_path, sensorless="0", max_workers=2), extra_server=SERVER)
     d.start()
-    [worker] = [w for w in _pool(d)["workers"]]
+    [worker] = [w for w in d.pool()["workers"]]
     environ = Path(f"/proc/{worker['pid']}/environ").read_bytes().split(b"\0")
     env = dict(item.decode().split("=", 1) for item in environ if b"=" in item)
     channel = env["ELASTIC_CHANNEL"].removeprefix("unix:")
@@ -168,4 +137,4 @@ def test_forged_channel_peers_are_refused(daemons, tmp_path):
     wrong = announce(worker["id"], "0" * 32)
     assert wrong["type"] == "error" and "wrong token" in wrong["reason"]
     assert "refused a peer" in d.log_text()
-    assert _pool(d)["workers"][0]["state"] == "running"  # the daemon and the worker go on
+    assert d.pool()["workers"][0]["state"] == "running"  # the daemon and the worker go on

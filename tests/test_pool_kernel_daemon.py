@@ -6,8 +6,6 @@ worker through a compaction until it closes."""
 from __future__ import annotations
 
 import asyncio
-import http.client
-import json
 import os
 import signal
 import threading
@@ -16,6 +14,7 @@ import urllib.request
 
 import aiohttp
 import psutil
+from harness import browse
 
 from elasticd.accounting.fake import FakeCgroup, write_fake_cgroup
 
@@ -37,37 +36,6 @@ FAST = "  occupancy_interval: 200ms\n  sample_interval: 200ms\n  hung_after: 600
 KEY = "acme.shop.green"
 
 
-def _request(d, path: str, cookie: str | None = None, timeout: float = 30) -> tuple[int, str, str | None]:
-    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=timeout)
-    try:
-        headers = {"Host": "shop.localhost", **({"Cookie": f"elastic_uid={cookie}"} if cookie else {})}
-        conn.request("GET", path, headers=headers)
-        response = conn.getresponse()
-        body = response.read().decode()
-        set_cookie = response.getheader("Set-Cookie")
-        uid = set_cookie.split("elastic_uid=")[1].split(";")[0] if set_cookie else cookie
-        return response.status, body, uid
-    finally:
-        conn.close()
-
-
-def _pool(d) -> dict:
-    result = d.ctl("pool", "acme/shop", "--json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)["groups"]["green"]
-
-
-def _wait(d, predicate, timeout: float, what: str) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        group = _pool(d)
-        if predicate(group):
-            return group
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout}s; pool: {json.dumps(group)[:4000]}")
-        time.sleep(0.1)
-
-
 def _running(group: dict) -> dict[str, int]:
     return {w["id"]: w["pid"] for w in group["workers"] if w["state"] == "running"}
 
@@ -84,15 +52,15 @@ def _metric(d, name: str, **labels: str) -> float | None:
 def test_a_busy_handler_is_never_hung_a_stopped_worker_is(daemons, tmp_path):
     d = daemons(GROUP.format(cpu="max", root=tmp_path, pool="{min_workers: 2, max_workers: 2}"), extra_server=FAST)
     d.start()
-    before = _running(_wait(d, lambda g: len(_running(g)) == 2, 30, "two workers"))
+    before = _running(d.wait_pool(lambda g: len(_running(g)) == 2, 30, "two workers"))
     busy_pid, stopped_pid = before[f"{KEY}.1"], before[f"{KEY}.2"]
     answer: dict[str, tuple[int, str, str | None]] = {}
     # 2 s of CPU inside the handler: ten occupancy intervals with the worker's event loop held.
-    burner = threading.Thread(target=lambda: answer.update(r=_request(d, "/cpu?ms=2000")))
+    burner = threading.Thread(target=lambda: answer.update(r=browse(d, "/cpu?ms=2000")))
     burner.start()
     os.kill(stopped_pid, signal.SIGSTOP)
     try:
-        replaced = _wait(d, lambda g: len(_running(g)) == 2 and stopped_pid not in _running(g).values(), 15,
+        replaced = d.wait_pool(lambda g: len(_running(g)) == 2 and stopped_pid not in _running(g).values(), 15,
                          "the stopped worker replaced")
     finally:
         burner.join(30)
@@ -102,7 +70,7 @@ def test_a_busy_handler_is_never_hung_a_stopped_worker_is(daemons, tmp_path):
     assert hung[0]["numbers"]["pid"] == stopped_pid and hung[0]["numbers"]["no_progress_seconds"] >= 0.6
     assert "no report" in hung[0]["reason"]
     time.sleep(1.0)
-    after = _running(_pool(d))
+    after = _running(d.pool())
     assert after[f"{KEY}.1"] == busy_pid  # the same process: busy is not hung
     assert not psutil.pid_exists(stopped_pid) or psutil.Process(stopped_pid).status() == psutil.STATUS_ZOMBIE
     assert "is hung" in d.log_text()
@@ -139,17 +107,17 @@ def test_a_tenant_at_its_cpu_max_holds_the_scale_up_until_the_counters_show_head
     counters = CpuCounters(d.cgroup / "tenants" / "acme", cores=0.5, share=1.0)  # there from the first sample
     d.start()
     stop = threading.Event()
-    _, _, cookie = _request(d, "/")
+    _, _, cookie = browse(d, "/")
 
     def burn() -> None:
         deadline = time.monotonic() + 40
         while not stop.is_set() and time.monotonic() < deadline:
-            _request(d, "/cpu?ms=150", cookie)
+            browse(d, "/cpu?ms=150", cookie)
 
     load = threading.Thread(target=burn)
     load.start()
     try:
-        held = _wait(d, lambda g: g["held"] is not None, 20, "the scale-up held by the tenant's cpu.max")
+        held = d.wait_pool(lambda g: g["held"] is not None, 20, "the scale-up held by the tenant's cpu.max")
         assert held["held"]["resources"] == ["cpu"] and held["cpu_wall"] == 0.5
         limits = held["held"]["limits"]["cpu"]
         assert limits["quota_cores"] == 0.5 and 0.8 <= limits["usage_share"] <= 1.3, limits
@@ -160,12 +128,12 @@ def test_a_tenant_at_its_cpu_max_holds_the_scale_up_until_the_counters_show_head
         text = d.ctl("pool", "acme/shop")
         assert text.returncode == 0 and "HELD by the tenant's cpu limit" in text.stdout, text.stdout
         time.sleep(1.5)
-        still = _pool(d)
+        still = d.pool()
         assert len(still["workers"]) == 1 and "scale-up" not in still["decision_counts"], still["decision_counts"]
         counters.cores, counters.share = 0.05, 0.0  # the tenant has room again
-        grown = _wait(d, lambda g: len(g["workers"]) >= 2, 20, "the same load grows the group")
+        grown = d.wait_pool(lambda g: len(g["workers"]) >= 2, 20, "the same load grows the group")
         assert grown["decision_counts"].get("scale-up", 0) >= 1
-        assert _wait(d, lambda g: g["held"] is None, 5, "no longer held")["held"] is None
+        assert d.wait_pool(lambda g: g["held"] is None, 5, "no longer held")["held"] is None
         assert _metric(d, "elasticd_group_limit_bound", group="green", resource="cpu") == 0.0
     finally:
         stop.set()
@@ -177,11 +145,11 @@ def test_a_websocket_keeps_its_worker_through_a_compaction(daemons, tmp_path):
     passing = "{min_workers: 2, max_workers: 3, reception_threshold: 0.0}"  # every login goes to worker 2
     d = daemons(GROUP.format(cpu="max", root=tmp_path, pool=passing), extra_server=FAST)
     d.start()
-    _wait(d, lambda g: len(_running(g)) == 2, 30, "two workers")
-    _, _, cookie = _request(d, "/")
-    code, _, _ = _request(d, "/login?name=alice", cookie)
+    d.wait_pool(lambda g: len(_running(g)) == 2, 30, "two workers")
+    _, _, cookie = browse(d, "/")
+    code, _, _ = browse(d, "/login?name=alice", cookie)
     assert code == 200
-    assert f"worker {KEY}.2 " in _request(d, "/", cookie)[1]  # placed on worker 2 at its login
+    assert f"worker {KEY}.2 " in browse(d, "/", cookie)[1]  # placed on worker 2 at its login
 
     async def scenario() -> list[str]:
         seen = []
@@ -195,20 +163,20 @@ def test_a_websocket_keeps_its_worker_through_a_compaction(daemons, tmp_path):
             d.write_config(GROUP.format(cpu="max", root=tmp_path,
                                         pool="{min_workers: 1, max_workers: 3, compaction_margin: 1.0}"))
             await asyncio.to_thread(d.reload)
-            await asyncio.to_thread(_wait, d, lambda g: any(w["draining"] for w in g["workers"]), 15,
+            await asyncio.to_thread(d.wait_pool, lambda g: any(w["draining"] for w in g["workers"]), 15,
                                     "worker 2 draining")
             for i in range(6):  # the tunnel stays up while its worker drains
                 await asyncio.sleep(0.5)
                 await ws.send_str(f"still {i}")
                 seen.append((await ws.receive(timeout=10)).data)
-            group = await asyncio.to_thread(_pool, d)
+            group = await asyncio.to_thread(d.pool)
             assert f"{KEY}.2" in _running(group) and group["decision_counts"].get("retire") is None, group
         return seen
 
     seen = asyncio.run(scenario())
     assert seen == [f"{KEY}.2: hello", *(f"{KEY}.2: still {i}" for i in range(6))]
-    retired = _wait(d, lambda g: len(g["workers"]) == 1, 15, "worker 2 retired once its tunnel closed")
+    retired = d.wait_pool(lambda g: len(g["workers"]) == 1, 15, "worker 2 retired once its tunnel closed")
     retire = next(x for x in retired["decisions"] if x["decision"] == "retire")
     assert retire["worker"] == f"{KEY}.2" and retire["reason"] == "drained: nothing open on it"
     assert retire["numbers"]["waited_seconds"] >= 3.0
-    assert f"worker {KEY}.1 " in _request(d, "/", cookie)[1]  # alice was moved to the survivor
+    assert f"worker {KEY}.1 " in browse(d, "/", cookie)[1]  # alice was moved to the survivor

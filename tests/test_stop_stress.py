@@ -35,7 +35,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from harness import PYTHON
+from harness import PYTHON, browse
 
 SEED = int(os.environ.get("STOP_STRESS_SEED") or random.SystemRandom().randrange(1 << 32))
 STOP_TIMEOUT = 2.0
@@ -86,29 +86,6 @@ def _summary():
 
 
 # ---------------------------------------------------------------------- talking to the daemon
-
-
-def _request(d, path: str, host: str = "shop.localhost", cookie: str | None = None,
-             timeout: float = 10.0) -> tuple[int, str, str | None]:
-    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=timeout)
-    try:
-        headers = {"Host": host, **({"Cookie": f"elastic_uid={cookie}"} if cookie else {})}
-        conn.request("GET", path, headers=headers)
-        response = conn.getresponse()
-        body = response.read().decode(errors="replace")
-        set_cookie = response.getheader("Set-Cookie")
-        uid = set_cookie.split("elastic_uid=")[1].split(";")[0] if set_cookie else None
-        return response.status, body, uid
-    finally:
-        conn.close()
-
-
-def _pool(d) -> dict:
-    result = d.ctl("pool", "acme/shop", "--json")
-    assert result.returncode == 0, result.stderr
-    group = json.loads(result.stdout)["groups"]["green"]
-    d.seen_pids.update(w["pid"] for w in group["workers"] if w["pid"])
-    return group
 
 
 class LogWatch:
@@ -175,13 +152,13 @@ class Load:
 
     def _user(self, i: int) -> None:
         try:
-            _, _, uid = _request(self.d, "/")
-            _request(self.d, f"/login?name=u{i}", cookie=uid)
+            _, _, uid = browse(self.d, "/")
+            browse(self.d, f"/login?name=u{i}", uid)
         except (OSError, http.client.HTTPException):
             return
         while not self.halted.is_set() and time.monotonic() < self.deadline:
             try:
-                _request(self.d, "/sleep?ms=150", cookie=uid)
+                browse(self.d, "/sleep?ms=150", uid, timeout=10)
             except (OSError, http.client.HTTPException):  # the daemon stopping, or a slow answer: back off
                 self.halted.wait(0.1)
 
@@ -197,7 +174,7 @@ def _open_request(d, host: str, ms: int) -> threading.Thread:
 
     def run() -> None:
         with contextlib.suppress(OSError, http.client.HTTPException):
-            _request(d, f"/sleep?ms={ms}", host=host, timeout=ms / 1000 + 10)
+            browse(d, f"/sleep?ms={ms}", host=host, timeout=ms / 1000 + 10)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -272,7 +249,7 @@ def _compaction(d, rng: random.Random, log: LogWatch, state: dict) -> str:
     log.wait(r"pool acme/shop/green: scale-up to \d+ workers", 40)
     log.wait(r"worker acme\.shop\.green\.2 started", 10)
     time.sleep(rng.uniform(1.5, 3.0))  # let the new worker take users and load
-    _pool(d)
+    d.pool()
     load.halt()
     log.wait(r"pool acme/shop/green: compaction: draining", 30)
     delay = rng.uniform(0.0, 0.3)  # the retiring worker: draining, being stopped, or gone
@@ -295,7 +272,7 @@ def _drain(d, rng: random.Random, log: LogWatch, state: dict) -> str:
 def _hung(d, rng: random.Random, log: LogWatch, state: dict) -> str:
     deadline = time.monotonic() + 10
     while True:  # a reporting worker is hung once its reports stop (hung_after) and so does its CPU
-        [worker] = _pool(d)["workers"]
+        [worker] = d.pool()["workers"]
         if worker["announced"] and worker["state"] == "running":
             break
         assert time.monotonic() < deadline, f"{log.where}: the worker never announced itself: {worker}"

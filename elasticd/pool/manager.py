@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from elasticd.background import Background
 from elasticd.model import Config, Pool, Server
 from elasticd.pool.budget import UNLIMITED, Budget, holds
 from elasticd.pool.drain import drain_verdict
@@ -154,7 +155,7 @@ class PoolManager:
         self._announced: set[str] = set()
         self._last_report: dict[str, tuple[float, float | None]] = {}  # worker → (when, its loop_lag)
         self._progress: dict[str, Progress] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = Background(log, "pool: a retire or replacement")
         self.draining: set[str] = set()  # every group's, for the front's hot path (no new requests to these)
 
     # ------------------------------------------------------------------ config
@@ -460,8 +461,7 @@ class PoolManager:
     def stop(self) -> None:
         """At shutdown: the retires and replacements in flight end here; a worker one of them was stopping stays
         in the supervisor's registry until it has stopped, so stop_all finishes it."""
-        for task in list(self._tasks):
-            task.cancel()
+        self._tasks.cancel()
 
     # ------------------------------------------------------------------ visibility
 
@@ -517,14 +517,7 @@ class PoolManager:
         entry.journal.record(self._wall(), decision)
 
     def _spawn(self, coroutine: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("pool: a retire or replacement failed", exc_info=task.exception())
+        self._tasks.spawn(coroutine)
 
 
 def _key_of(worker_id: str) -> GroupKey | None:

@@ -22,6 +22,7 @@ import os
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
+from elasticd.background import Background
 from elasticd.config import Config
 from elasticd.supervisor.plan import Desired, GroupKey, Plan, Running, plan
 from elasticd.supervisor.spawn import WorkerSpec, spec_for
@@ -73,7 +74,7 @@ class Supervisor:
         # Per group, the last worker number given. Kept when a group is removed: its workers may still be
         # draining when a reload brings it back, and a reused id would share their socket, pool and journal.
         self._counters: dict[GroupKey, int] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = Background(log, "retiring workers")
         self._lock = asyncio.Lock()
         self.drain: DrainFn | None = None  # the daemon's: waits on the front's open requests and tunnels
         self.stopping = False
@@ -188,9 +189,7 @@ class Supervisor:
         Not under the lock: an apply in progress (waiting for workers to become routable) must not delay a
         stop; the daemon cancels it first, and whatever it had launched is in ``_alive`` all the same."""
         self.stopping = True
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await self._background.settle()
         self._groups.clear()
         await self._stop_workers(list(self._alive.values()))
 
@@ -226,15 +225,7 @@ class Supervisor:
                     log.exception("waiting for %s to drain failed; stopping them now", ", ".join(w.id for w in workers))
             await self._stop_workers(workers)
 
-        task = asyncio.get_running_loop().create_task(retire(), name=f"retire {', '.join(w.id for w in workers)}")
-        self._background.add(task)
-        task.add_done_callback(self._retired)
-        return task
-
-    def _retired(self, task: asyncio.Task[None]) -> None:
-        self._background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("retiring workers failed", exc_info=task.exception())
+        return self._background.spawn(retire(), name=f"retire {', '.join(w.id for w in workers)}")
 
     async def _launch(self, key: GroupKey, entry: _Group, spec: WorkerSpec, count: int) -> tuple[list[Worker],
                                                                                                    list[str]]:

@@ -504,3 +504,27 @@ def leaf(tenant: str, app: str) -> Path:
 
 # A scenario returns (figure, details) or raises Failed. The figure is the one line the host's table shows.
 Scenario = Callable[[], tuple[str, dict[str, Any]]]
+
+
+class PoolWatch:
+    """One app group as ``GET /v1/apps/T/A/pool`` shows it, polled; every decision seen is kept (the API shows
+    the journal's last 50, which under load are mostly logins' keep/pass/admit: polled often, none is lost)."""
+
+    def __init__(self, tenant: str, app: str, group: str) -> None:
+        self.tenant, self.app, self.group = tenant, app, group
+        self.journal: dict[tuple[float, str, str | None], dict[str, Any]] = {}
+
+    def __call__(self) -> dict[str, Any]:
+        code, data = admin("GET", f"/v1/apps/{self.tenant}/{self.app}/pool", timeout=30)
+        check(code == 200, f"GET /v1/apps/{self.tenant}/{self.app}/pool answered {code}: {data}")
+        group = data["groups"][self.group]
+        for d in group["decisions"]:
+            self.journal.setdefault((d["at"], d["decision"], d["worker"]), d)
+        return group
+
+    def decisions(self) -> list[dict[str, Any]]:
+        return sorted(self.journal.values(), key=lambda d: d["at"])
+
+
+def running(group: dict[str, Any]) -> list[dict[str, Any]]:
+    return [w for w in group["workers"] if w["state"] == "running"]

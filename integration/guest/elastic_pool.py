@@ -19,7 +19,7 @@ from typing import Any
 from common import (
     BASE,
     Crowd,
-    admin,
+    PoolWatch,
     browse,
     check,
     elasticctl_json,
@@ -27,6 +27,7 @@ from common import (
     pool_decision_counts,
     procs,
     read,
+    running,
     say,
     start_with,
     wait_for,
@@ -69,23 +70,8 @@ tenants:
 """
 
 
-# Every decision seen, by (at, kind, worker): the API shows the journal's last 50, which under load are mostly
-# the logins' keep/pass/admit; polled every half second, nothing is missed.
-_journal: dict[tuple[float, str, str | None], dict[str, Any]] = {}
-
-
-def _pool() -> dict[str, Any]:
-    """The group as `elasticctl pool elastic/web --json` shows it (GET /v1/apps/elastic/web/pool)."""
-    code, data = admin("GET", f"/v1/apps/{TENANT}/{APP}/pool", timeout=30)
-    check(code == 200, f"GET /v1/apps/{TENANT}/{APP}/pool answered {code}: {data}")
-    group = data["groups"][GROUP]
-    for d in group["decisions"]:
-        _journal.setdefault((d["at"], d["decision"], d["worker"]), d)
-    return group
-
-
-def _running(group: dict[str, Any]) -> list[dict[str, Any]]:
-    return [w for w in group["workers"] if w["state"] == "running"]
+_pool = PoolWatch(TENANT, APP, GROUP)  # every decision seen is kept in _pool.journal
+_running = running
 
 
 def _decision_counts() -> dict[str, int]:
@@ -101,7 +87,7 @@ def _users_by_worker(group: dict[str, Any]) -> dict[str, list[str]]:
 def _story(began_wall: float) -> str:
     """The group's scale-ups, compactions and retires so far, with the numbers behind each (for a failure)."""
     lines = []
-    for d in sorted(_journal.values(), key=lambda d: d["at"]):
+    for d in _pool.decisions():
         if d["decision"] in ("scale-up", "held", "compaction", "retire", "hung"):
             numbers = {k: v for k, v in d["numbers"].items() if k in ("occupancies", "C", "O", "H", "trigger",
                                                                        "drained_occupancy", "users", "limits")}
@@ -111,7 +97,7 @@ def _story(began_wall: float) -> str:
 
 def s_pool() -> tuple[str, dict[str, Any]]:
     ROOT.mkdir(parents=True, exist_ok=True)
-    _journal.clear()
+    _pool.journal.clear()
     start_with(CONFIG)
 
     def one_running() -> dict[str, Any] | None:
@@ -218,7 +204,7 @@ def s_pool() -> tuple[str, dict[str, Any]]:
     check(not users.refused, f"users who could not log in under load: {users.refused}")
     check(not failed, f"requests under load that did not answer 200: {failed} of {total}")
     check(arrived == USERS, f"only {arrived} of {USERS} users arrived in {load_s:.0f}s of load (at {users.arrived}s)")
-    first_decision = next((d["at"] - began_wall for d in sorted(_journal.values(), key=lambda d: d["at"])
+    first_decision = next((d["at"] - began_wall for d in _pool.decisions()
                            if d["decision"] == "scale-up"), None)
     decided = f"decided {first_decision:.1f}s, " if first_decision is not None else ""
     churn = ""
@@ -226,7 +212,7 @@ def s_pool() -> tuple[str, dict[str, Any]]:
         # The ledger's numbers of each compaction decided before the load stopped.
         early = [f"{d['worker']} {gone[d['worker']] - routable[d['worker']][0]:.1f}s after it became routable, "
                  f"H {d['numbers']['H']:.2f} over {d['numbers']['trigger']:.2f}"
-                 for d in sorted(_journal.values(), key=lambda d: d["at"])
+                 for d in _pool.decisions()
                  if d["decision"] == "compaction" and d["worker"] in gone and d["worker"] in routable]
         churn = f"; {under_load} compaction(s) while the load still ran ({'; '.join(early) or 'see details'})"
     if hung:

@@ -33,7 +33,7 @@ from typing import Any
 from common import (
     BASE,
     Crowd,
-    admin,
+    PoolWatch,
     browse,
     check,
     elasticctl,
@@ -45,6 +45,7 @@ from common import (
     procs,
     read,
     read_kv,
+    running,
     say,
     start_with,
     wait_for,
@@ -86,21 +87,8 @@ tenants:
             pool: {{min_workers: 1, max_workers: {MAX_WORKERS}}}
 """
 
-# Every decision seen in the pool API's journal (its last 50), by (at, kind, worker); polled every half second.
-_journal: dict[tuple[float, str, str | None], dict[str, Any]] = {}
-
-
-def _pool() -> dict[str, Any]:
-    code, data = admin("GET", f"/v1/apps/{TENANT}/{APP}/pool", timeout=30)
-    check(code == 200, f"GET /v1/apps/{TENANT}/{APP}/pool answered {code}: {data}")
-    group = data["groups"][GROUP]
-    for d in group["decisions"]:
-        _journal.setdefault((d["at"], d["decision"], d["worker"]), d)
-    return group
-
-
-def _running(group: dict[str, Any]) -> list[dict[str, Any]]:
-    return [w for w in group["workers"] if w["state"] == "running"]
+_pool = PoolWatch(TENANT, APP, GROUP)  # every decision seen is kept in _pool.journal
+_running = running
 
 
 def _counts() -> dict[str, int]:
@@ -117,14 +105,14 @@ def _delta(after: dict[str, int], before: dict[str, int], kind: str) -> int:
 
 
 def _decisions(kind: str, since: float, until: float | None = None) -> list[dict[str, Any]]:
-    return [d for d in sorted(_journal.values(), key=lambda d: d["at"])
+    return [d for d in _pool.decisions()
             if d["decision"] == kind and d["at"] >= since and (until is None or d["at"] < until)]
 
 
 def _story(began_wall: float) -> str:
     """The group's scale-ups, holds and hung verdicts so far, with the numbers behind each (for a failure)."""
     lines = []
-    for d in sorted(_journal.values(), key=lambda d: d["at"]):
+    for d in _pool.decisions():
         if d["decision"] in ("scale-up", "held", "hung", "compaction", "retire"):
             numbers = {k: v for k, v in d["numbers"].items() if k in ("occupancies", "limits", "silent_seconds",
                                                                        "no_progress_seconds", "pid")}
@@ -178,7 +166,7 @@ def _hung_lines(cursor: str) -> tuple[list[str], list[str]]:
 
 def s_pool_limits() -> tuple[str, dict[str, Any]]:
     ROOT.mkdir(parents=True, exist_ok=True)
-    _journal.clear()
+    _pool.journal.clear()
     start_with(CONFIG)
     tenant_cg, leaf = BASE / "tenants" / TENANT, BASE / "tenants" / TENANT / APP
 

@@ -1,0 +1,44 @@
+"""Tasks a part of the daemon starts and does not await at once (reloads, retires, replacements, removals):
+kept so that a stop can cancel them, and each one's failure logged — a background task that dies silently is
+a decision that was never carried out."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+__all__ = ["Background"]
+
+
+class Background:
+    __slots__ = ("_log", "_tasks", "_what")
+
+    def __init__(self, log: logging.Logger, what: str) -> None:
+        self._log = log
+        self._what = what  # for the log line: "a retire or replacement", "retiring workers", ...
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def spawn(self, coroutine: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coroutine, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._log.error("%s failed", self._what, exc_info=task.exception())
+
+    def cancel(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def settle(self) -> None:
+        """Cancel every task and wait for them to end (their own cleanup included)."""
+        self.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
