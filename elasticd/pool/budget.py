@@ -145,37 +145,38 @@ def holds(budget: Budget, pool: Pool, *, worker_rss: float | None, worker_pids: 
     if reading is None:
         return []
     found: list[Hold] = []
+    # The numbers are built only for a limit that binds: this runs at every report and every login.
     quota = budget.cpu_quota
     if quota is not None and reading.cpu_cores is not None:
         used = reading.cpu_cores / quota
         throttled = reading.throttled_share
-        numbers: dict[str, Any] = {"usage_cores": round(reading.cpu_cores, 4), "quota_cores": round(quota, 4),
-                                   "usage_share": round(used, 4),
-                                   "throttled_share": None if throttled is None else round(throttled, 4),
-                                   "span_seconds": round(reading.span, 3),
-                                   "cpu_pressure_avg10": reading.pressure.get("cpu")}
-        if used >= pool.cpu_held_at:
-            found.append(Hold("cpu", f"the tenant uses {used:.0%} of its cpu.max ({quota:g} cores; held at "
-                                     f"{pool.cpu_held_at:.0%}): a new worker would share the same quota", numbers))
-        elif throttled is not None and throttled > pool.throttled_held_at:
-            found.append(Hold("cpu", f"the tenant was throttled in {throttled:.0%} of its periods (held over "
-                                     f"{pool.throttled_held_at:.0%}): a new worker would share the same quota",
-                              numbers))
+        over = used >= pool.cpu_held_at
+        if over or (throttled is not None and throttled > pool.throttled_held_at):
+            numbers: dict[str, Any] = {
+                "usage_cores": round(reading.cpu_cores, 4), "quota_cores": round(quota, 4),
+                "usage_share": round(used, 4), "throttled_share": None if throttled is None else round(throttled, 4),
+                "span_seconds": round(reading.span, 3), "cpu_pressure_avg10": reading.pressure.get("cpu")}
+            why = (f"the tenant uses {used:.0%} of its cpu.max ({quota:g} cores; held at {pool.cpu_held_at:.0%})"
+                   if over else f"the tenant was throttled in {throttled:.0%} of its periods (held over "
+                                f"{pool.throttled_held_at:.0%})")
+            found.append(Hold("cpu", f"{why}: a new worker would share the same quota", numbers))
     memory_max = budget.memory_max
     if memory_max is not None and reading.memory is not None:
         projected = reading.memory + (worker_rss or 0.0)
         hit = reading.memory_events.get("max", 0)
         killed = reading.memory_events.get("oom_kill", 0)
-        numbers = {"memory_bytes": reading.memory, "worker_rss_bytes": None if worker_rss is None else int(worker_rss),
-                   "memory_max_bytes": memory_max, "projected_share": round(projected / memory_max, 4),
-                   "events": dict(reading.memory_events), "memory_pressure_avg10": reading.pressure.get("memory")}
-        if killed or hit:
-            what = f"{killed} OOM kill(s)" if killed else f"memory.max reached {hit} time(s)"
-            found.append(Hold("memory", f"the tenant had {what} within the window: a new worker would add OOM "
-                                        "kills, not capacity", numbers))
-        elif projected > pool.memory_held_at * memory_max:
-            found.append(Hold("memory", f"memory.current plus one more worker would be {projected / memory_max:.0%} "
-                                        f"of memory.max (held over {pool.memory_held_at:.0%})", numbers))
+        if killed or hit or projected > pool.memory_held_at * memory_max:
+            numbers = {"memory_bytes": reading.memory,
+                       "worker_rss_bytes": None if worker_rss is None else int(worker_rss),
+                       "memory_max_bytes": memory_max, "projected_share": round(projected / memory_max, 4),
+                       "events": dict(reading.memory_events), "memory_pressure_avg10": reading.pressure.get("memory")}
+            if killed or hit:
+                what = f"{killed} OOM kill(s)" if killed else f"memory.max reached {hit} time(s)"
+                why = f"the tenant had {what} within the window: a new worker would add OOM kills, not capacity"
+            else:
+                why = (f"memory.current plus one more worker would be {projected / memory_max:.0%} of memory.max "
+                       f"(held over {pool.memory_held_at:.0%})")
+            found.append(Hold("memory", why, numbers))
     pids_max = budget.pids_max
     if pids_max is not None and reading.pids is not None:
         projected = reading.pids + (worker_pids or 0.0)

@@ -95,8 +95,8 @@ class _Accounting(Protocol):
 
 
 class _Group:
-    __slots__ = ("bound", "concurrency", "draining", "held", "journal", "occupancy", "pool", "sensors", "spawning",
-                 "user_seconds", "wall", "windows")
+    __slots__ = ("bound", "concurrency", "draining", "held", "journal", "occupancy", "pool", "rss", "sensors",
+                 "spawning", "user_seconds", "wall", "windows")
 
     def __init__(self, pool: Pool, concurrency: int) -> None:
         self.pool = pool
@@ -108,6 +108,7 @@ class _Group:
         # Evaluated when a report is archived (the only time it can change), so placement on the request path
         # reads N numbers instead of re-averaging N windows.
         self.occupancy: dict[str, float] = {}
+        self.rss: dict[str, int] = {}  # each worker's latest RSS (the memory hold's "one more worker")
         self.sensors: dict[str, TreeSensor] = {}
         self.spawning: set[str] = set()
         self.draining: set[str] = set()
@@ -253,6 +254,8 @@ class PoolManager:
         window = entry.windows.setdefault(worker_id, Window())
         window.add(Row(now, report, forward))
         entry.occupancy[worker_id] = occupancy(window.rows, entry.pool.memory_limit, cpu_wall=entry.wall)
+        if report.rss is not None:
+            entry.rss[worker_id] = report.rss
         views = self._views(key, entry)
         self._check_capacity(key, entry, views, budget)
         self._check_ledger(key, entry, views)
@@ -264,6 +267,7 @@ class PoolManager:
         for entry in self._groups.values():
             entry.windows.pop(worker_id, None)
             entry.occupancy.pop(worker_id, None)
+            entry.rss.pop(worker_id, None)
             entry.sensors.pop(worker_id, None)
             entry.spawning.discard(worker_id)
 
@@ -285,8 +289,10 @@ class PoolManager:
                          if view.id not in entry.windows or len(entry.windows[view.id].rows) < MEASURED_ROWS)
         if budget is None:
             budget = self._budget(key[0])
-        binding = holds(budget, entry.pool, worker_rss=self._mean_rss(entry, views),
-                        worker_pids=self._pids_per_worker(key[0], budget))
+        # What one more worker would add, only where a limit can be passed (this runs at every report and login).
+        binding = holds(budget, entry.pool,
+                        worker_rss=self._mean_rss(entry, views) if budget.memory_max is not None else None,
+                        worker_pids=self._pids_per_worker(key[0], budget) if budget.pids_max is not None else None)
         decision = check_capacity(views, entry.pool, spawning=len(entry.spawning) + unmeasured,
                                   held=self._supervisor.held(key), holds=binding, measuring=budget.pending)
         bound, new = next_hold(entry.bound, binding, decision, measuring=budget.pending)
@@ -312,11 +318,8 @@ class PoolManager:
     @staticmethod
     def _mean_rss(entry: _Group, views: Sequence[WorkerView]) -> float | None:
         """The group's mean worker RSS from each routable worker's latest reading."""
-        values = []
-        for view in views:
-            window = entry.windows.get(view.id)
-            if window is not None and window.rows and window.rows[-1].report.rss is not None:
-                values.append(window.rows[-1].report.rss)
+        latest = entry.rss
+        values = [rss for view in views if (rss := latest.get(view.id)) is not None]
         return sum(values) / len(values) if values else None
 
     def _pids_per_worker(self, tenant: str, budget: Budget) -> float | None:
