@@ -95,8 +95,8 @@ def _manager(n: int) -> PoolManager:
                             io_pressure=Pressure(0, 0.2)) for i in range(13)), maxlen=13)
     resources = Resources(cpu=800.0, memory=16 << 30, pids=4096)
 
-    def budget(tenant: str) -> Budget:
-        return budget_of(history, resources)
+    def budget(tenant: str, app: str) -> Budget:
+        return budget_of(history, resources, app_samples=history)  # the app leaf read as the tenant is
 
     manager = PoolManager(_Supervisor(n), _Surface(), _Accounting(), interval=5.0, budget=budget)
     manager.apply(config)
@@ -125,7 +125,7 @@ def bench_decisions(n: int = 16, rounds: int = 20000) -> None:
     start = time.perf_counter()
     budget = manager._budget
     for _ in range(rounds):
-        budget("acme")
+        budget("acme", "shop")
     per_budget = (time.perf_counter() - start) / rounds
     print(f"placement + admission + budget + scale-up check, {n} workers with full windows ({METRICS_WINDOW} "
           f"rows): {per_login * 1e6:.1f} µs per login (goal < 50 µs; the budget alone {per_budget * 1e6:.1f} µs)")

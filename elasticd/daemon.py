@@ -127,13 +127,14 @@ class Daemon:
     def _limits_in_force(self) -> dict[str, Resources]:
         return {name: self.limits.resources_of(name) for name in self.config.tenants}
 
-    def _budget(self, tenant: str) -> Budget:
+    def _budget(self, tenant: str, app: str) -> Budget:
         """The tenant's cgroup budget for the pool: the sampler's recent samples and the limits in force
         (none when cgroups are not enforced: then no limit is real, and none holds a scale-up)."""
         if not self.cgroups.enforced or tenant not in self.config.tenants:
             return UNLIMITED
         resources = enforced(self.limits.resources_of(tenant), self._controllers.get(tenant, frozenset()))
-        return budget_of(self.sampler.history(("tenant", tenant)), resources)
+        return budget_of(self.sampler.history(("tenant", tenant)), resources,
+                         app_samples=self.sampler.history(("app", tenant, app)))
 
     def _upstreams(self, tenant: str, app: str, group: str) -> list[Upstream]:
         """Called by the front for every request: one pass, and each worker's Upstream made once."""

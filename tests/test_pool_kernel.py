@@ -44,6 +44,17 @@ def test_budget_rates_over_the_last_two_sampler_intervals():
     assert b.reading.pressure == {"cpu": 12.5}
 
 
+def test_the_app_leafs_share_and_the_throttled_time_are_in_the_numbers():
+    tenant = [Sample(0.0, cpu_usage_usec=0, cpu_periods=0, cpu_throttled_periods=0, cpu_throttled_usec=0),
+              Sample(10.0, cpu_usage_usec=5_000_000, cpu_periods=100, cpu_throttled_periods=95,
+                     cpu_throttled_usec=4_000_000)]
+    app = [Sample(0.0, cpu_usage_usec=0), Sample(10.0, cpu_usage_usec=3_000_000)]
+    b = budget_of(tenant, Resources(cpu=50.0), app_samples=app)
+    assert b.reading.app_cpu_cores == pytest.approx(0.3) and b.reading.throttled_rate == pytest.approx(0.4)
+    [hold] = holds(b, POOL, worker_rss=None, worker_pids=None)
+    assert hold.numbers["app_usage_cores"] == 0.3 and hold.numbers["throttled_seconds_per_second"] == 0.4
+
+
 def test_budget_without_two_samples_has_no_reading_but_knows_the_quota():
     b = budget_of([sample(0)], Resources(cpu=30.0, memory=256 * MiB))
     assert (b.reading, b.wall, b.memory_max) == (None, 0.3, 256 * MiB)

@@ -142,7 +142,7 @@ def cpu_bound(quota: float, used: float) -> Budget:
 
 async def test_a_scale_up_the_tenants_cpu_max_would_starve_is_held_once_then_made_when_the_limit_rises():
     budget = {"now": cpu_bound(0.5, 0.5)}
-    m, supervisor = manager(1, budget=lambda tenant: budget["now"])
+    m, supervisor = manager(1, budget=lambda tenant, app: budget["now"])
     for t in range(8):
         m.on_report("acme.shop.green.1", busy(), float(t))  # 0.5 core against a 0.5-core wall: saturated
     state = m.describe("acme", "shop", lambda w: [])["groups"]["green"]
@@ -238,7 +238,7 @@ async def test_guests_are_not_moved_by_compaction():
 
 def test_unlimited_is_the_default_budget():
     m, _ = manager(1)
-    assert m._budget("acme") is UNLIMITED
+    assert m._budget("acme", "shop") is UNLIMITED
 
 
 async def test_a_start_up_spike_in_the_first_readings_does_not_grow_the_group():

@@ -45,6 +45,8 @@ class Reading:
     memory_events: Mapping[str, int] = field(default_factory=dict)  # increases of high/max/oom_kill
     pids: int | None = None  # pids.current, latest
     pressure: Mapping[str, float] = field(default_factory=dict)  # PSI "some avg10" (percent) of cpu/memory/io
+    throttled_rate: float | None = None  # throttled_usec over the span: seconds throttled per second
+    app_cpu_cores: float | None = None  # the app leaf's share of the tenant's usage (the leaf has no limit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +72,9 @@ class Budget:
                 "cpu_usage_cores": None if r is None or r.cpu_cores is None else round(r.cpu_cores, 4),
                 "throttled_share": None if r is None or r.throttled_share is None else round(r.throttled_share, 4),
                 "memory_bytes": None if r is None else r.memory, "pids": None if r is None else r.pids,
-                "span_seconds": None if r is None else round(r.span, 3)}
+                "span_seconds": None if r is None else round(r.span, 3),
+                "app_usage_cores": None if r is None or r.app_cpu_cores is None else round(r.app_cpu_cores, 4),
+                "pressure_avg10": {} if r is None else dict(r.pressure)}
 
 
 UNLIMITED = Budget(None, None, None, None)  # cgroups not enforced: nothing binds, the wall is one core
@@ -101,26 +105,40 @@ def _delta(new: int | None, old: int | None) -> int | None:
     return new - old
 
 
-def budget_of(samples: Sequence[Sample], resources: Resources) -> Budget:
-    """``samples``: the tenant cgroup's recent samples, oldest first; ``resources``: the limits in force."""
+def _cpu_rate(samples: Sequence[Sample]) -> tuple[Sample, Sample] | None:
+    """The oldest and newest of the last CPU_SAMPLES samples that have cpu.stat: a file that appeared late (a
+    controller just enabled) or one unreadable tick does not blind the reading for two intervals."""
+    recent = [samples[i] for i in range(-min(CPU_SAMPLES, len(samples)), 0)]  # no slicing: a deque is given
+    with_cpu = [s for s in recent if s.cpu_usage_usec is not None]
+    return (with_cpu[0], with_cpu[-1]) if len(with_cpu) >= 2 and with_cpu[-1].ts > with_cpu[0].ts else None
+
+
+def _cores(pair: tuple[Sample, Sample] | None) -> float | None:
+    if pair is None:
+        return None
+    used = _delta(pair[1].cpu_usage_usec, pair[0].cpu_usage_usec)
+    return used / 1e6 / (pair[1].ts - pair[0].ts) if used is not None else None
+
+
+def budget_of(samples: Sequence[Sample], resources: Resources, app_samples: Sequence[Sample] = ()) -> Budget:
+    """``samples``: the tenant cgroup's recent samples, oldest first; ``resources``: the limits in force;
+    ``app_samples``: the app leaf's, for the numbers only (the leaf carries no limit of its own)."""
     quota = resources.cpu / 100.0 if resources.cpu is not None else None
     if len(samples) < 2:
         return Budget(quota, resources.memory, resources.pids, None, pending=True)
     last = samples[-1]
-    recent = [samples[i] for i in range(-min(CPU_SAMPLES, len(samples)), 0)]  # no slicing: a deque is given
-    # The oldest and newest recent samples that have cpu.stat: a file that appeared late (a controller just
-    # enabled) or one unreadable tick does not blind the reading for two intervals.
-    with_cpu = [s for s in recent if s.cpu_usage_usec is not None]
-    first_cpu, last_cpu = (with_cpu[0], with_cpu[-1]) if with_cpu else (last, last)
-    span = last_cpu.ts - first_cpu.ts
-    cpu_cores = throttled = None
-    if span > 0:
-        used = _delta(last_cpu.cpu_usage_usec, first_cpu.cpu_usage_usec)
-        cpu_cores = used / 1e6 / span if used is not None else None
+    pair = _cpu_rate(samples)
+    cpu_cores = _cores(pair)
+    span = pair[1].ts - pair[0].ts if pair is not None else 0.0
+    throttled = throttled_rate = None
+    if pair is not None:
+        first_cpu, last_cpu = pair
         periods = _delta(last_cpu.cpu_periods, first_cpu.cpu_periods)
         throttled_periods = _delta(last_cpu.cpu_throttled_periods, first_cpu.cpu_throttled_periods)
         if periods is not None and throttled_periods is not None:
             throttled = throttled_periods / periods if periods else 0.0
+        throttled_usec = _delta(last_cpu.cpu_throttled_usec, first_cpu.cpu_throttled_usec)
+        throttled_rate = throttled_usec / 1e6 / span if throttled_usec is not None else None
     events: dict[str, int] = {}
     first = samples[0]
     if last.memory_events is not None and first.memory_events is not None:
@@ -130,7 +148,9 @@ def budget_of(samples: Sequence[Sample], resources: Resources) -> Budget:
                 events[name] = grew
     pressure = {name: p.some_avg10 for name, p in (("cpu", last.cpu_pressure), ("memory", last.memory_pressure),
                                                     ("io", last.io_pressure)) if p is not None}
-    reading = Reading(span, cpu_cores, throttled, last.memory_bytes, events, last.pids, pressure)
+    app_cores = _cores(_cpu_rate(app_samples)) if len(app_samples) >= 2 else None
+    reading = Reading(span, cpu_cores, throttled, last.memory_bytes, events, last.pids, pressure, throttled_rate,
+                      app_cores)
     # A quota in force with no rate to hold it against (an unreadable tick, a counter reset): wait for one.
     return Budget(quota, resources.memory, resources.pids, reading, pending=quota is not None and cpu_cores is None)
 
@@ -155,7 +175,10 @@ def holds(budget: Budget, pool: Pool, *, worker_rss: float | None, worker_pids: 
             numbers: dict[str, Any] = {
                 "usage_cores": round(reading.cpu_cores, 4), "quota_cores": round(quota, 4),
                 "usage_share": round(used, 4), "throttled_share": None if throttled is None else round(throttled, 4),
-                "span_seconds": round(reading.span, 3), "cpu_pressure_avg10": reading.pressure.get("cpu")}
+                "span_seconds": round(reading.span, 3), "cpu_pressure_avg10": reading.pressure.get("cpu"),
+                "throttled_seconds_per_second": None if reading.throttled_rate is None
+                else round(reading.throttled_rate, 4),
+                "app_usage_cores": None if reading.app_cpu_cores is None else round(reading.app_cpu_cores, 4)}
             why = (f"the tenant uses {used:.0%} of its cpu.max ({quota:g} cores; held at {pool.cpu_held_at:.0%})"
                    if over else f"the tenant was throttled in {throttled:.0%} of its periods (held over "
                                 f"{pool.throttled_held_at:.0%})")

@@ -138,14 +138,14 @@ class PoolManager:
 
     def __init__(self, supervisor: _Supervisor, surface: _Surface, accounting: _Accounting, *,
                  interval: float, hung_after: float | None = None,
-                 budget: Callable[[str], Budget] | None = None,
+                 budget: Callable[[str, str], Budget] | None = None,
                  tunnels: Callable[[], Mapping[str, int]] | None = None,
                  tree_cpu: Callable[[int], float | None] = tree_cpu,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self._supervisor = supervisor
         self._surface = surface
         self._accounting = accounting
-        self._budget = budget or (lambda tenant: UNLIMITED)
+        self._budget = budget or (lambda tenant, app: UNLIMITED)
         self._tunnels = tunnels or dict
         self._tree_cpu = tree_cpu
         self.interval = interval
@@ -245,7 +245,7 @@ class PoolManager:
         if found is None:
             return
         key, entry = found
-        budget = self._budget(key[0])
+        budget = self._budget(key[0], key[1])
         if budget.wall != entry.wall:  # the tenant's cpu.max changed (an override, a reload)
             entry.wall = budget.wall
             self._reevaluate(entry)
@@ -288,7 +288,7 @@ class PoolManager:
         unmeasured = sum(1 for view in views
                          if view.id not in entry.windows or len(entry.windows[view.id].rows) < MEASURED_ROWS)
         if budget is None:
-            budget = self._budget(key[0])
+            budget = self._budget(key[0], key[1])
         # What one more worker would add, only where a limit can be passed (this runs at every report and login).
         binding = holds(budget, entry.pool,
                         worker_rss=self._mean_rss(entry, views) if budget.memory_max is not None else None,
