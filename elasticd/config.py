@@ -7,7 +7,9 @@ Reload and ``--check`` go through the same function, so "valid" means one thing.
 
 from __future__ import annotations
 
+import grp
 import io
+import pwd
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ from elasticd.model import (
     Pool,
     Quotas,
     Resources,
+    RunAs,
     Server,
     Tenant,
 )
@@ -45,6 +48,7 @@ __all__ = [
     "Pool",
     "Quotas",
     "Resources",
+    "RunAs",
     "Server",
     "Tenant",
     "load_config",
@@ -241,7 +245,7 @@ def _duration(value: Any) -> float:
 _SERVER_KEYS = ("listen", "metrics_listen", "admin_socket", "admin_group", "runtime_dir", "cgroups",
                 "sample_interval", "occupancy_interval", "request_timeout", "stop_timeout", "user_ttl",
                 "hung_after")
-_TENANT_KEYS = ("resources", "quotas", "apps")
+_TENANT_KEYS = ("user", "group", "resources", "quotas", "apps")
 _RESOURCE_KEYS = ("cpu", "memory", "swap", "pids", "io_weight", "io_bandwidth")
 _QUOTA_KEYS = ("max_concurrent_requests", "requests_per_second", "burst")
 _APP_KEYS = ("domains", "root", "default_group", "groups")
@@ -468,7 +472,42 @@ def _tenant(walk: _Walk, name: str, node: Any, path: str, line: int | None) -> T
         resources=_resources(walk, m.get("resources"), f"{path}.resources", walk.key_line(m, "resources")),
         quotas=_quotas(walk, m.get("quotas"), f"{path}.quotas", walk.key_line(m, "quotas")),
         apps=apps,
+        run_as=_run_as(walk, m, path),
     )
+
+
+def _run_as(walk: _Walk, m: CommentedMap, path: str) -> RunAs | None:
+    """``user`` (a name or uid) and ``group`` (default: the user's primary group), looked up in the system's
+    user database: a name that does not resolve now is a worker that could never start. Root is refused unless
+    it is written as ``user: root``: a tenant that runs as root can undo its own limits, so it must be meant."""
+    if "user" not in m or m["user"] is None:
+        if "group" in m and m["group"] is not None:
+            walk.error(f"{path}.group", walk.key_line(m, "group"), "needs user beside it")
+        return None
+    raw, line = m["user"], walk.key_line(m, "user")
+    try:
+        entry = pwd.getpwuid(raw) if isinstance(raw, int) and not isinstance(raw, bool) else pwd.getpwnam(str(raw))
+    except (KeyError, OverflowError):
+        walk.error(f"{path}.user", line, f"{_kind(raw)} is not a user on this host (see getent passwd)")
+        return None
+    if entry.pw_uid == 0 and raw != "root":
+        walk.error(f"{path}.user", line, f"{_kind(raw)} is root: write user: root if the tenant is meant to run "
+                                         "as root (its workers could then undo their own limits)")
+        return None
+    gid = entry.pw_gid
+    try:
+        group_name = grp.getgrgid(gid).gr_name
+    except KeyError:  # a primary gid with no name in the group database: the number is all there is
+        group_name = str(gid)
+    if "group" in m and m["group"] is not None:
+        graw, gline = m["group"], walk.key_line(m, "group")
+        try:
+            g = grp.getgrgid(graw) if isinstance(graw, int) and not isinstance(graw, bool) else grp.getgrnam(str(graw))
+        except (KeyError, OverflowError):
+            walk.error(f"{path}.group", gline, f"{_kind(graw)} is not a group on this host (see getent group)")
+            return None
+        group_name, gid = g.gr_name, g.gr_gid
+    return RunAs(entry.pw_name, entry.pw_uid, group_name, gid, entry.pw_dir)
 
 
 def _check_domains(walk: _Walk, tenants: Mapping[str, Tenant], root: CommentedMap) -> None:
@@ -485,8 +524,8 @@ def _check_domains(walk: _Walk, tenants: Mapping[str, Tenant], root: CommentedMa
                     owner[domain] = here
 
 
-# A Unix socket path is limited to 107 bytes (sun_path); a worker's is <runtime_dir>/workers/<id>.sock with
-# id = tenant.app.group.N. Refused here, at load, rather than as a worker that can never bind.
+# A Unix socket path is limited to 107 bytes (sun_path); a worker's is <runtime_dir>/workers/<tenant>/<app>.<group>.N
+# .sock. Refused here, at load, rather than as a worker that can never bind.
 _SUN_PATH_MAX = 107
 _WORKER_NUMBER_ROOM = 6
 
@@ -495,8 +534,8 @@ def _check_socket_paths(walk: _Walk, server: Server, tenants: Mapping[str, Tenan
     for tenant in tenants.values():
         for app in tenant.apps.values():
             for group in app.groups.values():
-                worker_id = f"{tenant.name}.{app.name}.{group.name}."
-                length = len(f"{server.runtime_dir}/workers/{worker_id}.sock".encode()) + _WORKER_NUMBER_ROOM
+                path = f"{server.runtime_dir}/workers/{tenant.name}/{app.name}.{group.name}..sock"
+                length = len(path.encode()) + _WORKER_NUMBER_ROOM
                 if length > _SUN_PATH_MAX:
                     node = root["tenants"][tenant.name]["apps"][app.name]["groups"]
                     walk.error(f"tenants.{tenant.name}.apps.{app.name}.groups.{group.name}",

@@ -94,16 +94,18 @@ def render_status(status: dict[str, Any]) -> str:
             out.extend("  " + line for line in last["error"].splitlines())
     rows = []
     for tname, tenant in status["tenants"].items():
+        user = tenant.get("user")
+        runs_as = f"{user['name']}:{user['group']}" if user else "root (no user:)"
         for aname, app in tenant["apps"].items():
             for gname, group in app["groups"].items():
                 label = gname + ("*" if gname == app["default_group"] else "")
                 if not group["workers"]:
-                    rows.append([tname, aname, label, "-", "-", "none", "-", "-"])
+                    rows.append([tname, runs_as, aname, label, "-", "-", "none", "-", "-"])
                 for w in group["workers"]:
-                    rows.append([tname, aname, label, w["id"], str(w["pid"] or "-"), w["state"],
+                    rows.append([tname, runs_as, aname, label, w["id"], str(w["pid"] or "-"), w["state"],
                                  _duration(w["uptime"]), str(w["restarts"])])
     out.append("")
-    out.append(table(["TENANT", "APP", "GROUP", "WORKER", "PID", "STATE", "UPTIME", "RESTARTS"], rows)
+    out.append(table(["TENANT", "USER", "APP", "GROUP", "WORKER", "PID", "STATE", "UPTIME", "RESTARTS"], rows)
                if rows else "no apps configured")
     return "\n".join(out)
 

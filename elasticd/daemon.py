@@ -70,6 +70,7 @@ class Daemon:
     __slots__ = (
         "_controllers",
         "_reload_lock",
+        "_said",
         "_stop",
         "_tasks",
         "_upstream_of",
@@ -121,6 +122,7 @@ class Daemon:
         self._tasks = Background(log, "a background task of the daemon")  # activations, reloads, removals
         self._upstream_of: dict[str, Upstream] = {}
         self._controllers: dict[str, frozenset[str]] = {}  # per tenant, read at each activation
+        self._said: set[str] = set()  # warnings given once per start
 
     # ------------------------------------------------------------------ wiring for the parts
 
@@ -149,13 +151,17 @@ class Daemon:
                 upstreams.append(upstream)
         return upstreams
 
-    def _authenticate(self, worker_id: str, token: str, pid: int) -> str | None:
-        """A channel peer is the worker it claims only with that worker's token and from its process tree."""
+    def _authenticate(self, worker_id: str, token: str, pid: int, uid: int) -> str | None:
+        """A channel peer is the worker it claims only with that worker's token, from its process tree, and (for
+        a tenant with a user) with that user's uid."""
         worker = self.supervisor.find(worker_id)
         if worker is None:
             return f"no worker {worker_id} runs here"
         if not worker.token or not hmac.compare_digest(token.encode(), worker.token.encode()):
             return f"wrong token for worker {worker_id}"
+        run_as = worker.spec.run_as
+        if run_as is not None and uid != run_as.uid:
+            return f"uid {uid} is not the uid of tenant {worker.tenant}'s user {run_as.user} ({run_as.uid})"
         if worker.pid is None or not in_process_tree(pid, worker.pid):
             return f"pid {pid} is not in the process tree of worker {worker_id}"
         return None
@@ -201,6 +207,10 @@ class Daemon:
         self.config = config
         for problem in problems:
             log.error("%s", problem)
+        for warning in isolation_warnings(config):
+            if warning not in self._said:  # once per start (a reload repeats only what it newly brings)
+                self._said.add(warning)
+                log.warning("%s", warning)
         if server.hung_after >= server.request_timeout:
             log.warning("server.hung_after (%gs) is not shorter than server.request_timeout (%gs): a worker that "
                         "does not report is never found hung (the front answers 504 first)", server.hung_after,
@@ -289,7 +299,10 @@ class Daemon:
                     "default_group": app.default_group,
                     "groups": {g: {"workers": workers.get((tenant.name, app.name, g), [])} for g in app.groups},
                 }
-            tenants[tenant.name] = {"limits": self.limits.describe(tenant.name), "apps": apps}
+            run_as = tenant.run_as
+            tenants[tenant.name] = {"limits": self.limits.describe(tenant.name), "apps": apps,
+                                    "user": None if run_as is None else {"name": run_as.user, "uid": run_as.uid,
+                                                                         "group": run_as.group, "gid": run_as.gid}}
         last = self.last_reload
         return {
             "version": __version__,
@@ -370,6 +383,22 @@ class Daemon:
         await self.metrics.stop()
         self.sampler.close()
         log.info("stopped")
+
+
+def isolation_warnings(config: Config) -> list[str]:
+    """What an operator must hear about tenants' isolation: one running as root, two sharing a user."""
+    warnings = [f"tenant {t.name} runs as root: its workers can undo their own limits (give it a user:)"
+                for t in config.tenants.values() if t.run_as is None or t.run_as.uid == 0]
+    by_uid: dict[int, list[str]] = {}
+    for tenant in config.tenants.values():
+        if tenant.run_as is not None and tenant.run_as.uid != 0:
+            by_uid.setdefault(tenant.run_as.uid, []).append(tenant.name)
+    for uid, names in by_uid.items():
+        if len(names) > 1:
+            user = config.tenants[names[0]].run_as.user  # type: ignore[union-attr]
+            warnings.append(f"tenants {', '.join(names)} share the user {user} (uid {uid}): they can signal each "
+                            "other's workers and read each other's files")
+    return warnings
 
 
 def _quotas(config: Config) -> dict[str, Quotas]:

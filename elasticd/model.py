@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["Address", "App", "CgroupSettings", "Config", "Group", "Pool", "Quotas", "Resources", "Server", "Tenant"]
+__all__ = ["Address", "App", "CgroupSettings", "Config", "Group", "Pool", "Quotas", "Resources", "RunAs", "Server",
+           "Tenant"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,11 +102,23 @@ class App:
 
 
 @dataclass(frozen=True, slots=True)
+class RunAs:
+    """The Unix user and group a tenant's workers run as (resolved when the config is loaded)."""
+
+    user: str
+    uid: int
+    group: str
+    gid: int
+    home: str
+
+
+@dataclass(frozen=True, slots=True)
 class Tenant:
     name: str
     resources: Resources
     quotas: Quotas
     apps: Mapping[str, App]
+    run_as: RunAs | None = None  # None: no `user:`, its workers run as elasticd does (root)
 
 
 @dataclass(frozen=True, slots=True)

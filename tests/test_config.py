@@ -403,3 +403,45 @@ def test_hung_after_defaults_to_30s_and_never_under_three_intervals():
     with pytest.raises(ConfigError) as info:  # the default hung_after against a long interval: names the interval
         parse_config("server:\n  occupancy_interval: 20s\n")
     assert str(info.value).startswith("server.occupancy_interval (line 2): hung_after (30s) must be at least")
+
+
+TENANT_USER = """\
+tenants:
+  acme:
+{who}
+    apps:
+      shop:
+        domains: [shop.localhost]
+        root: /srv/shop
+        groups:
+          green: {{command: [app]}}
+"""
+
+
+def test_a_tenant_runs_as_its_user_and_its_primary_group_by_default():
+    import grp
+    import pwd
+    nobody = pwd.getpwnam("nobody")
+    tenant = parse_config(TENANT_USER.format(who="    user: nobody")).tenants["acme"]
+    assert tenant.run_as is not None
+    assert (tenant.run_as.user, tenant.run_as.uid, tenant.run_as.gid) == ("nobody", nobody.pw_uid, nobody.pw_gid)
+    by_uid = parse_config(TENANT_USER.format(who=f"    user: {nobody.pw_uid}")).tenants["acme"].run_as
+    assert by_uid is not None and by_uid.user == "nobody"
+    group = grp.getgrgid(0).gr_name
+    with_group = parse_config(TENANT_USER.format(who=f"    user: nobody\n    group: {group}")).tenants["acme"].run_as
+    assert with_group is not None and (with_group.group, with_group.gid) == (group, 0)
+    assert parse_config(TENANT_USER.format(who="    user: root")).tenants["acme"].run_as.uid == 0  # written: meant
+    assert parse_config(TENANT_USER.format(who="")).tenants["acme"].run_as is None
+
+
+@pytest.mark.parametrize(("who", "expected"), [
+    ("    user: no-such-user-here", 'tenants.acme.user (line 3): "no-such-user-here" is not a user on this host'),
+    ("    user: 0", "tenants.acme.user (line 3): the number 0 is root: write user: root if the tenant is meant"),
+    ("    user: nobody\n    group: no-such-group-here",
+     'tenants.acme.group (line 4): "no-such-group-here" is not a group on this host'),
+    ("    group: nobody", "tenants.acme.group (line 3): needs user beside it"),
+])
+def test_tenant_user_refusals(who, expected):
+    with pytest.raises(ConfigError) as info:
+        parse_config(TENANT_USER.format(who=who))
+    assert expected in str(info.value)

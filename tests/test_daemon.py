@@ -231,3 +231,12 @@ def _gone(pid: int, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def test_a_tenant_without_a_user_is_warned_about_once_per_start(daemons, tmp_path):
+    d = daemons(tenants(tmp_path))
+    d.start()
+    d.reload()
+    text = d.log_text()
+    assert text.count("tenant acme runs as root: its workers can undo their own limits") == 1
+    assert text.count("tenant globex runs as root") == 1

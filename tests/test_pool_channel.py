@@ -24,8 +24,10 @@ class Registry:
     def __init__(self) -> None:
         self.workers: dict[str, tuple[str, int]] = {}
         self.reports: list[tuple[str, Report]] = []
+        self.uids: list[int] = []  # the peers' uids, as the kernel gave them
 
-    def authenticate(self, worker_id: str, token: str, pid: int) -> str | None:
+    def authenticate(self, worker_id: str, token: str, pid: int, uid: int) -> str | None:
+        self.uids.append(uid)
         known = self.workers.get(worker_id)
         if known is None:
             return f"unknown worker {worker_id}"

@@ -84,22 +84,40 @@ def test_spec_substitutes_python_and_keeps_argv_verbatim():
     app = App(name="a", domains=("a.localhost",), root="/srv/a", default_group="g", groups={"g": group})
     spec = spec_for(app, group, "/cg/tenants/t/a")
     assert spec.argv == ("/venv/bin/python", "-m", "app", "/venv/bin/pythonx")
-    assert spawn_argv(spec) == ["/bin/sh", "-c", TRAMPOLINE, "/cg/tenants/t/a", *spec.argv]
+    keep = ["setpriv", "--pdeathsig", "SIGKILL", "--"]  # a tenant without a user: only the parent-death signal
+    assert spawn_argv(spec) == ["/bin/sh", "-c", TRAMPOLINE, "/cg/tenants/t/a", *keep, *spec.argv]
     own = spec_for(app, Group(name="g", command=("{python}",)), None)
     assert own.argv == (sys.executable,)
-    assert spawn_argv(own) == [sys.executable]
+    assert spawn_argv(own) == [*keep, sys.executable]
     gunicorn = WorkerSpec(argv=("gunicorn", "--bind", "unix:{socket}", "app:app"), env=(), cwd="/", leaf=None)
     assert spawn_argv(gunicorn, "/run/elasticd/workers/t.a.g.1.sock") == [
-        "gunicorn", "--bind", "unix:/run/elasticd/workers/t.a.g.1.sock", "app:app"]
+        *keep, "gunicorn", "--bind", "unix:/run/elasticd/workers/t.a.g.1.sock", "app:app"]
+
+
+def test_a_tenant_with_a_user_drops_everything_after_the_trampoline():
+    from elasticd.config import RunAs
+    group = Group(name="g", command=("app", "$(id)"))
+    app = App(name="a", domains=("a.localhost",), root="/srv/a", default_group="g", groups={"g": group})
+    spec = spec_for(app, group, "/cg/tenants/t/a", RunAs("shop", 1234, "shop", 1235, "/home/shop"))
+    assert spawn_argv(spec) == [
+        "/bin/sh", "-c", TRAMPOLINE, "/cg/tenants/t/a",  # the one constant script, as root: the pid is placed
+        "setpriv", "--reuid=1234", "--regid=1235", "--clear-groups", "--no-new-privs", "--inh-caps=-all",
+        "--bounding-set=-all", "--pdeathsig", "SIGKILL", "--", "app", "$(id)"]
+    assert TRAMPOLINE == 'echo $$ > "$0/cgroup.procs" && exec "$@"'  # unchanged by any tenant setting
+    env = worker_env(spec, {"PATH": "/usr/bin", "HOME": "/root", "USER": "root", "SECRET": "elasticd's"},
+                     worker_id="t.a.g.1", token="x", runtime_dir="/run/elasticd", occupancy_interval=1.0)
+    assert (env["HOME"], env["USER"], env["LOGNAME"], env["PATH"]) == ("/home/shop", "shop", "shop", "/usr/bin")
+    assert "SECRET" not in env
 
 
 def test_worker_env_contract():
     spec = WorkerSpec(argv=("x",), env=(("APP_MODE", "prod"),), cwd="/", leaf=None)
-    env = worker_env(spec, {"PATH": "/bin", "NOTIFY_SOCKET": "/run/systemd/notify", "JOURNAL_STREAM": "1:2"},
+    env = worker_env(spec, {"PATH": "/bin", "NOTIFY_SOCKET": "/run/systemd/notify", "JOURNAL_STREAM": "1:2",
+                            "LANG": "C.UTF-8", "AWS_SECRET_ACCESS_KEY": "elasticd's own", "PYTHONPATH": "/x"},
                      worker_id="t.a.g.1", token="secret", runtime_dir="/run/elasticd", occupancy_interval=0.5)
-    assert env == {
-        "PATH": "/bin", "APP_MODE": "prod",
-        "ELASTIC_LISTEN": "unix:/run/elasticd/workers/t.a.g.1.sock",
+    assert env == {  # nothing of elasticd's own environment but PATH and LANG (and HOME/USER/LOGNAME)
+        "PATH": "/bin", "LANG": "C.UTF-8", "APP_MODE": "prod",
+        "ELASTIC_LISTEN": "unix:/run/elasticd/workers/t/a.g.1.sock",
         "ELASTIC_CHANNEL": "unix:/run/elasticd/channel.sock",
         "ELASTIC_WORKER_ID": "t.a.g.1", "ELASTIC_TOKEN": "secret", "ELASTIC_OCCUPANCY_INTERVAL": "0.5",
     }

@@ -99,7 +99,7 @@ class AdminApi:
 
     async def _tenants(self, request: web.Request) -> web.Response:
         tenants = self._control.status()["tenants"]
-        return web.json_response({name: {"limits": t["limits"], "apps": sorted(t["apps"])}
+        return web.json_response({name: {"limits": t["limits"], "apps": sorted(t["apps"]), "user": t["user"]}
                                   for name, t in tenants.items()})
 
     async def _usage(self, request: web.Request) -> web.Response:

@@ -4,9 +4,10 @@ Framing is newline-delimited JSON: one object per line, readable from any langua
 and bounded (a line over ``MAX_LINE`` closes the connection). Every connection starts with an announce
 ``{"type": "announce", "worker", "token", "pid", "capabilities"}`` and is authenticated twice: the token
 elasticd gave that worker, and the peer's pid as the kernel reports it (``SO_PEERCRED``, not what the
-message claims) inside that worker's process tree. So a worker can never report for another, even one that
-learned its token. Then ``{"type": "occupancy", "report": {...}}`` lines follow; a malformed one is refused
-with a reason and the connection stays; nothing a peer sends can raise out of this module.
+message claims) inside that worker's process tree; for a tenant with a ``user:``, the peer's uid must be that
+user's too. So a worker can never report for another, even one that learned its token. Then
+``{"type": "occupancy", "report": {...}}`` lines follow; a malformed one is refused with a reason and the
+connection stays; nothing a peer sends can raise out of this module.
 """
 
 from __future__ import annotations
@@ -24,26 +25,27 @@ from typing import Any
 
 from elasticd.pool.report import Report, ReportError, parse_report
 
-__all__ = ["MAX_LINE", "ChannelServer", "peer_pid"]
+__all__ = ["MAX_LINE", "ChannelServer", "peer_credentials"]
 
 log = logging.getLogger("elasticd.channel")
 
 MAX_LINE = 65536
 _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
 
-# (worker_id, token, peer pid) → None when accepted, else the reason for the refusal
-Authenticate = Callable[[str, str, int], str | None]
+# (worker_id, token, peer pid, peer uid) → None when accepted, else the reason for the refusal
+Authenticate = Callable[[str, str, int, int], str | None]
 
 
-def peer_pid(writer: asyncio.StreamWriter) -> int | None:
+def peer_credentials(writer: asyncio.StreamWriter) -> tuple[int, int] | None:
+    """(pid, uid) of the peer as the kernel saw it connect (SO_PEERCRED), never what a message claims."""
     sock = writer.get_extra_info("socket")
     if sock is None:
         return None
     try:
-        pid, _uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+        pid, uid, _gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
     except OSError:
         return None
-    return pid
+    return pid, uid
 
 
 class ChannelServer:
@@ -128,17 +130,18 @@ class ChannelServer:
             return message
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str | None:
-        pid = peer_pid(writer)
+        credentials = peer_credentials(writer)
+        pid = credentials[0] if credentials is not None else None
         message = await self._read(reader, writer)
         if message is None:
             return None
         worker_id, token = message.get("worker"), message.get("token")
         if message.get("type") != "announce" or not isinstance(worker_id, str) or not isinstance(token, str):
             reason = 'the first message must be {"type": "announce", "worker": ..., "token": ...}'
-        elif pid is None:
+        elif credentials is None:
             reason = "the peer's credentials cannot be read"
         else:
-            reason = self._authenticate(worker_id, token, pid)
+            reason = self._authenticate(worker_id, token, *credentials)
         if reason is not None:
             log.warning("channel: refused a peer (pid %s) announcing as %r: %s", pid, worker_id, reason)
             await _send(writer, {"type": "error", "reason": reason})

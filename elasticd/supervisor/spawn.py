@@ -1,7 +1,19 @@
-"""What a worker is started with: its argv (through the cgroup trampoline), environment and directory.
+"""What a worker is started with: its argv (through the cgroup trampoline and setpriv), environment and
+directory.
 
 Pure: a ``WorkerSpec`` is derived from the config and compared on reload (a changed spec means the
 workers are replaced); the argv and environment of one start are derived from the spec.
+
+The order of one start: elasticd forks (from the event loop's thread: see below), the child execs the
+trampoline as root, which puts its own pid into the leaf, then execs ``setpriv``, which drops to the tenant's
+user (``--reuid/--regid``, no supplementary groups, no new privileges, every capability gone from the
+inheritable and bounding sets) and sets the parent-death signal, then execs the command. So the tenant's first
+instruction already runs unprivileged and inside its leaf, and can never regain privileges.
+
+The parent-death signal (SIGKILL) is what keeps a worker from outliving an elasticd that was itself killed:
+the kernel clears it when credentials change, so setpriv sets it after the change; and it fires when the
+*thread* that forked dies, so workers are forked from the event loop's thread (asyncio's and uvloop's
+subprocess calls fork there), never from an executor thread.
 """
 
 from __future__ import annotations
@@ -11,9 +23,10 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from elasticd.config import App, Group
+from elasticd.config import App, Group, RunAs
 
-__all__ = ["TRAMPOLINE", "WorkerSpec", "spawn_argv", "spec_for", "worker_env"]
+__all__ = ["TRAMPOLINE", "WorkerSpec", "privileges", "socket_dir", "socket_path", "spawn_argv", "spec_for",
+           "worker_env"]
 
 # The one constant shell script of ADR-0010. It runs as the worker's own pid: it writes that pid into the
 # leaf's cgroup.procs and only then execs the command, so the worker's first instruction (and every child
@@ -22,10 +35,9 @@ __all__ = ["TRAMPOLINE", "WorkerSpec", "spawn_argv", "spec_for", "worker_env"]
 # exec: a worker never runs unconfined.
 TRAMPOLINE = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
 
-# Variables of elasticd's own environment that describe elasticd's relation to systemd; a worker that
-# inherited them could notify or log as if it were elasticd.
-_PRIVATE_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID",
-                "LISTEN_FDNAMES", "JOURNAL_STREAM", "MAINPID")
+# What a worker keeps of elasticd's own environment: nothing else (not NOTIFY_SOCKET, nor anything an operator
+# exported for elasticd). HOME, USER and LOGNAME are the tenant's user's when it has one.
+_PASSED_ENV = ("PATH", "LANG", "HOME", "USER", "LOGNAME")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,14 +48,24 @@ class WorkerSpec:
     env: tuple[tuple[str, str], ...]
     cwd: str
     leaf: str | None  # None: cgroups not enforced, start the command directly
+    run_as: RunAs | None = None  # None: the tenant has no `user:` (its workers keep elasticd's credentials)
 
 
-def spec_for(app: App, group: Group, leaf: str | None) -> WorkerSpec:
+def spec_for(app: App, group: Group, leaf: str | None, run_as: RunAs | None = None) -> WorkerSpec:
     python = group.python or sys.executable
     argv = tuple(arg.replace("{python}", python) for arg in group.command)
     # ELASTIC_CONCURRENCY tells the sensor library its executor's size (an addition to DESIGN's contract).
     env = {**group.env, "ELASTIC_CONCURRENCY": str(group.concurrency)}
-    return WorkerSpec(argv=argv, env=tuple(sorted(env.items())), cwd=app.root, leaf=leaf)
+    return WorkerSpec(argv=argv, env=tuple(sorted(env.items())), cwd=app.root, leaf=leaf, run_as=run_as)
+
+
+def privileges(run_as: RunAs | None) -> list[str]:
+    """setpriv's part of the argv: the tenant's user without a way back, and the parent-death signal (for a
+    tenant without a user too: a worker must never outlive elasticd)."""
+    if run_as is None:
+        return ["setpriv", "--pdeathsig", "SIGKILL", "--"]
+    return ["setpriv", f"--reuid={run_as.uid}", f"--regid={run_as.gid}", "--clear-groups", "--no-new-privs",
+            "--inh-caps=-all", "--bounding-set=-all", "--pdeathsig", "SIGKILL", "--"]
 
 
 def spawn_argv(spec: WorkerSpec, socket: str | None = None) -> list[str]:
@@ -51,6 +73,7 @@ def spawn_argv(spec: WorkerSpec, socket: str | None = None) -> list[str]:
     ELASTIC_LISTEN), so ``["gunicorn", "--bind", "unix:{socket}", "app:app"]`` needs no shell; it is per worker,
     hence substituted here and not in the group's spec."""
     argv = [arg.replace("{socket}", socket) for arg in spec.argv] if socket is not None else list(spec.argv)
+    argv = [*privileges(spec.run_as), *argv]
     if spec.leaf is None:
         return argv
     return ["/bin/sh", "-c", TRAMPOLINE, spec.leaf, *argv]
@@ -58,7 +81,9 @@ def spawn_argv(spec: WorkerSpec, socket: str | None = None) -> list[str]:
 
 def worker_env(spec: WorkerSpec, base: Mapping[str, str], *, worker_id: str, token: str, runtime_dir: str,
                occupancy_interval: float) -> dict[str, str]:
-    env = {k: v for k, v in base.items() if k not in _PRIVATE_ENV}
+    env = {k: v for k, v in base.items() if k in _PASSED_ENV}
+    if spec.run_as is not None:
+        env.update(HOME=spec.run_as.home, USER=spec.run_as.user, LOGNAME=spec.run_as.user)
     env.update(spec.env)
     env.update({
         "ELASTIC_LISTEN": f"unix:{socket_path(runtime_dir, worker_id)}",
@@ -70,5 +95,14 @@ def worker_env(spec: WorkerSpec, base: Mapping[str, str], *, worker_id: str, tok
     return env
 
 
+def socket_dir(runtime_dir: str, tenant: str) -> str:
+    """A tenant's worker sockets live in a directory of its own, which only its user (and elasticd) may enter:
+    another tenant cannot connect to them."""
+    return os.path.join(runtime_dir, "workers", tenant)
+
+
 def socket_path(runtime_dir: str, worker_id: str) -> str:
-    return os.path.join(runtime_dir, "workers", f"{worker_id}.sock")
+    """``<runtime_dir>/workers/<tenant>/<app>.<group>.<N>.sock`` for worker tenant.app.group.N (names cannot hold
+    a dot): the tenant is the directory, not repeated in the name (sun_path holds 107 bytes)."""
+    tenant, _, rest = worker_id.partition(".")
+    return os.path.join(socket_dir(runtime_dir, tenant), f"{rest}.sock")

@@ -23,9 +23,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from elasticd.background import Background
-from elasticd.config import Config
+from elasticd.config import Config, RunAs
 from elasticd.supervisor.plan import Desired, GroupKey, Plan, Running, plan
-from elasticd.supervisor.spawn import WorkerSpec, spec_for
+from elasticd.supervisor.spawn import WorkerSpec, socket_dir, spec_for
 from elasticd.supervisor.worker import Worker
 
 __all__ = ["ApplyResult", "Supervisor"]
@@ -113,7 +113,8 @@ class Supervisor:
     def desired(self, config: Config) -> dict[GroupKey, Desired]:
         return {
             (tenant.name, app.name, group.name):
-                Desired(spec_for(app, group, self.leaf_for(tenant.name, app.name)), group.pool.min_workers,
+                Desired(spec_for(app, group, self.leaf_for(tenant.name, app.name), tenant.run_as),
+                        group.pool.min_workers,
                         group.pool.max_workers, group.pool.drain_timeout)
             for tenant, app, group in config.groups()
         }
@@ -123,6 +124,8 @@ class Supervisor:
             self.stop_timeout = config.server.stop_timeout
             self.occupancy_interval = config.server.occupancy_interval
             os.makedirs(os.path.join(self.runtime_dir, "workers"), mode=0o755, exist_ok=True)
+            for tenant in config.tenants.values():
+                _prepare_socket_dir(socket_dir(self.runtime_dir, tenant.name), tenant.run_as)
             desired = self.desired(config)
             running = {key: Running(entry.desired.spec, len(entry.workers)) for key, entry in self._groups.items()}
             todo = plan(running, desired)
@@ -296,3 +299,13 @@ class Supervisor:
 
     async def _stop_workers(self, workers: list[Worker]) -> None:
         await asyncio.gather(*(self._stop(w, self.stop_timeout) for w in workers))
+
+
+def _prepare_socket_dir(path: str, run_as: RunAs | None) -> None:
+    """Mode 0700, owned by the tenant's user (root's without one): its workers bind their sockets there, no other
+    tenant may even look in. Set on every activation, so a changed ``user:`` takes effect with the reload."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    uid, gid = (run_as.uid, run_as.gid) if run_as is not None else (os.geteuid(), os.getegid())
+    if os.geteuid() == 0:
+        os.chown(path, uid, gid)
+    os.chmod(path, 0o700)

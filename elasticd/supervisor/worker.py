@@ -178,6 +178,9 @@ class Worker:
 
     async def _run_once(self) -> int | None:
         self._ready.clear()
+        # The supervisor makes (and gives to the tenant's user) the socket directory at each activation; a worker
+        # started on its own still needs one to bind in.
+        os.makedirs(os.path.dirname(self.socket_path), mode=0o700, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
         self.token = secrets.token_hex(16)

@@ -1,0 +1,119 @@
+"""Tenants as their own Unix users, through the real daemon on a fake cgroup tree: a worker with ``user:`` runs
+with that uid, its group, no supplementary groups, no capabilities and no way to regain privileges; its
+sockets live in a directory only its user can enter; the channel refuses another tenant's uid.
+
+Two throw-away system users are made for the test and removed after it. The daemon's files live under a
+directory of /tmp that the users may traverse (pytest's own tmp_path is root's alone)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from harness import PYTHON, Daemon, browse
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("useradd") is None,
+                                reason="needs root and useradd to make throw-away users")
+
+TENANTS = """\
+tenants:
+{tenants}
+"""
+TENANT = """\
+  {name}:
+    user: {user}
+    apps:
+      web:
+        domains: [{name}.localhost]
+        root: {root}
+        groups:
+          main:
+            command: ["{python}", "-m", "elasticd.demo"]
+"""
+
+
+@pytest.fixture
+def users():
+    made: list[str] = []
+
+    def make() -> tuple[str, int, int]:
+        name = f"elt{secrets.token_hex(4)}"
+        subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        name], check=True, capture_output=True)
+        made.append(name)
+        out = subprocess.run(["id", "-u", name], check=True, capture_output=True, text=True).stdout
+        gid = subprocess.run(["id", "-g", name], check=True, capture_output=True, text=True).stdout
+        return name, int(out), int(gid)
+
+    yield make
+    for name in made:
+        subprocess.run(["userdel", name], capture_output=True)
+        subprocess.run(["groupdel", name], capture_output=True)  # gone with the user where USERGROUPS_ENAB
+
+
+@pytest.fixture
+def base():
+    path = Path(tempfile.mkdtemp(prefix="elasticd-users-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _status_fields(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
+def test_a_tenant_with_a_user_runs_unprivileged_and_apart(users, base):
+    (alice, alice_uid, alice_gid), (bob, bob_uid, _) = users(), users()
+    root = base / "srv"
+    root.mkdir(mode=0o755)
+    tenants = "".join(TENANT.format(name=n, user=u, root=root, python=PYTHON) for n, u in (("a", alice), ("b", bob)))
+    d = Daemon(base, TENANTS.format(tenants=tenants))
+    d.start()
+    try:
+        [worker] = d.workers("a", "web", "main")
+        fields = _status_fields(worker["pid"])
+        assert fields["Uid"].split() == [str(alice_uid)] * 4 and fields["Gid"].split() == [str(alice_gid)] * 4
+        assert fields["Groups"] == ""  # --clear-groups: none of root's
+        assert int(fields["CapEff"], 16) == 0 and int(fields["CapBnd"], 16) == 0 and int(fields["CapInh"], 16) == 0
+        assert fields["NoNewPrivs"] == "1"
+        code, body, _ = browse(d, "/", host="a.localhost")
+        assert code == 200 and "worker a.web.main.1" in body
+        # Its sockets: a directory only its user may enter.
+        a_dir = d.runtime / "workers" / "a"
+        info = a_dir.stat()
+        assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (alice_uid, 0o700)
+        b_socket = d.runtime / "workers" / "b" / "web.main.1.sock"
+        probe = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect(sys.argv[1])\n"
+                 "except PermissionError:\n    print('denied')\nelse:\n    print('connected')\n")
+        as_alice = ["setpriv", f"--reuid={alice_uid}", f"--regid={alice_gid}", "--clear-groups", PYTHON, "-c", probe]
+        assert subprocess.run([*as_alice, str(b_socket)], capture_output=True, text=True,
+                              timeout=30).stdout.strip() == "denied"
+        # The library worker announced itself with its own uid; bob's uid with alice's worker's token is refused.
+        pool = json.loads(d.ctl("pool", "a/web", "--json").stdout)["groups"]["main"]
+        assert pool["workers"][0]["announced"]
+        env = dict(item.split("=", 1) for item in
+                   Path(f"/proc/{worker['pid']}/environ").read_text().split("\0") if "=" in item)
+        assert env["USER"] == alice and env["LOGNAME"] == alice and "NOTIFY_SOCKET" not in env
+        forge = ("import json, socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n"
+                 "s.sendall(json.dumps({'type': 'announce', 'worker': 'a.web.main.1', 'token': sys.argv[2]})"
+                 ".encode() + b'\\n')\nprint(s.makefile().readline())\n")
+        as_bob = ["setpriv", f"--reuid={bob_uid}", f"--regid={bob_uid}", "--clear-groups", PYTHON, "-c", forge]
+        answer = json.loads(subprocess.run([*as_bob, env["ELASTIC_CHANNEL"].removeprefix("unix:"),
+                                            env["ELASTIC_TOKEN"]], capture_output=True, text=True,
+                                           timeout=30).stdout)
+        assert answer["type"] == "error" and f"not the uid of tenant a's user {alice}" in answer["reason"]
+        tenants_api = json.loads(d.ctl("status", "--json").stdout)["tenants"]
+        assert tenants_api["a"]["user"]["name"] == alice and tenants_api["b"]["user"]["uid"] == bob_uid
+        assert "runs as root" not in d.log_text()
+    finally:
+        d.stop()
+        d.kill_leftovers()
