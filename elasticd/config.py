@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import grp
 import io
+import os
 import pwd
 import re
+import stat
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +55,7 @@ __all__ = [
     "Tenant",
     "load_config",
     "parse_config",
+    "root_refusal",
 ]
 
 # Tenant, app and group names become cgroup directory names: nothing may escape the base.
@@ -544,6 +547,38 @@ def _check_socket_paths(walk: _Walk, server: Server, tenants: Mapping[str, Tenan
                                f"the {_SUN_PATH_MAX} a Unix socket allows: shorten the names or the runtime_dir")
 
 
+def root_refusal(root: str, st: os.stat_result, tenant: Tenant, others: Mapping[int, str]) -> str | None:
+    """Why an app's ``root`` is refused, from its stat (None: it is fine). Anyone who can write into a tenant's
+    code can run code as that tenant: refused when everyone may write it, when its group may (unless that is
+    the tenant's own group), or when it belongs to another tenant's user (``others``: uid → tenant)."""
+    mode = stat.S_IMODE(st.st_mode)
+    own_gid = tenant.run_as.gid if tenant.run_as is not None else 0
+    what = f"{root} (owner uid {st.st_uid}, group gid {st.st_gid}, mode {mode:04o})"
+    if mode & stat.S_IWOTH:
+        return f"{what} is writable by everyone: any user of the host could run code as tenant {tenant.name}"
+    if st.st_uid in others and st.st_uid != (tenant.run_as.uid if tenant.run_as else 0):
+        return f"{what} belongs to the user of tenant {others[st.st_uid]}, who could run code as {tenant.name}"
+    if mode & stat.S_IWGRP and st.st_gid != own_gid:
+        return f"{what} is writable by its group, which is not tenant {tenant.name}'s own"
+    return None
+
+
+def _check_roots(walk: _Walk, tenants: Mapping[str, Tenant], root: CommentedMap) -> None:
+    """Each app's root as it is on disk now (a root that does not exist yet is the worker's concern: it runs
+    in / with a warning)."""
+    others = {t.run_as.uid: t.name for t in tenants.values() if t.run_as is not None and t.run_as.uid != 0}
+    for tenant in tenants.values():
+        for app in tenant.apps.values():
+            try:
+                st = os.stat(app.root)
+            except OSError:
+                continue
+            refusal = root_refusal(app.root, st, tenant, {u: n for u, n in others.items() if n != tenant.name})
+            if refusal is not None:
+                node = root["tenants"][tenant.name]["apps"][app.name]
+                walk.error(f"tenants.{tenant.name}.apps.{app.name}.root", _Walk.key_line(node, "root"), refusal)
+
+
 # --------------------------------------------------------------------------------------------- entry points
 
 
@@ -569,6 +604,7 @@ def parse_config(text: str, source: str = "<string>") -> Config:
     if not walk.issues:
         _check_domains(walk, tenants, top)
         _check_socket_paths(walk, server, tenants, top)
+        _check_roots(walk, tenants, top)
     if walk.issues:
         raise ConfigError(walk.issues, source)
     return Config(server=server, tenants=tenants, source=source)

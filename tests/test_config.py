@@ -445,3 +445,41 @@ def test_tenant_user_refusals(who, expected):
     with pytest.raises(ConfigError) as info:
         parse_config(TENANT_USER.format(who=who))
     assert expected in str(info.value)
+
+
+def test_an_app_root_others_can_write_is_refused(tmp_path):
+    import os
+    root = tmp_path / "shop"
+    root.mkdir(mode=0o755)
+    text = TENANT_USER.format(who="    user: nobody").replace("/srv/shop", str(root))
+    parse_config(text)  # root's, 0755: fine
+    os.chmod(root, 0o777)
+    with pytest.raises(ConfigError) as info:
+        parse_config(text)
+    assert "tenants.acme.apps.shop.root (line 7): " in str(info.value) and "mode 0777) is writable by everyone" \
+        in str(info.value)
+    os.chmod(root, 0o775)  # group root (gid 0), not nobody's own group
+    with pytest.raises(ConfigError, match="is writable by its group, which is not tenant acme's own"):
+        parse_config(text)
+    os.chmod(root, 0o755)
+    os.chown(root, 65534, -1)  # nobody's: its own tenant's user may own it
+    parse_config(text)
+
+
+@pytest.mark.parametrize(("mode", "uid", "gid", "refused"), [
+    (0o40755, 0, 0, None),
+    (0o40777, 0, 0, "writable by everyone"),
+    (0o40775, 0, 0, None),  # a root tenant's own group is root's
+    (0o40775, 0, 50, "writable by its group"),
+    (0o40755, 2001, 0, "belongs to the user of tenant globex"),
+    (0o40755, 1001, 0, None),  # the tenant's own user
+])
+def test_root_refusal_table(mode, uid, gid, refused):
+    import os
+
+    from elasticd.config import RunAs, Tenant, root_refusal
+    from elasticd.model import Quotas, Resources
+    st = os.stat_result((mode, 1, 1, 1, uid, gid, 0, 0, 0, 0))
+    mine = Tenant("acme", Resources(), Quotas(), {}, RunAs("acme", 1001, "acme", 0, "/"))
+    found = root_refusal("/srv/acme", st, mine, {2001: "globex"})
+    assert (found is None) if refused is None else (refused in found)

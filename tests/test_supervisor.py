@@ -322,3 +322,44 @@ async def test_a_group_removed_and_added_again_while_draining_gets_new_worker_id
     await draining
     assert supervisor.find("t.a.g.1") is None and supervisor.find("t.a.g.2").routable
     await supervisor.stop_all()
+
+
+@pytest.mark.parametrize(("mode", "uid", "gid", "who", "want", "ok"), [
+    (0o755, 0, 0, (1000, 1000), 1, True),  # others may search/execute
+    (0o750, 0, 0, (1000, 1000), 1, False),  # not its group, others have nothing
+    (0o750, 0, 1000, (1000, 1000), 1, True),  # its group may
+    (0o700, 1000, 0, (1000, 1000), 1, True),  # its own
+    (0o070, 1000, 1000, (1000, 1000), 1, False),  # the owner's bits count, not the group's, for the owner
+    (0o711, 0, 0, (1000, 1000), 4, False),  # executable, not readable (a script could not run)
+    (0o700, 5, 5, (0, 0), 1, True),  # root
+])
+def test_permits(mode, uid, gid, who, want, ok):
+    from elasticd.supervisor.spawn import permits
+    st = os.stat_result((0o100000 | mode, 1, 1, 1, uid, gid, 0, 0, 0, 0))
+    assert permits(st, *who, want) is ok
+
+
+def test_runnable_names_the_path_and_why():
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from elasticd.config import RunAs
+    from elasticd.supervisor.spawn import runnable
+    nobody = RunAs("nobody", 65534, "nogroup", 65534, "/")
+    tmp_path = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's own tmp_path is under a 0700 directory of root's
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    tool = private / "tool"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    tmp_path.chmod(0o755)
+    refusal = runnable(str(tool), "/usr/bin", nobody)
+    assert refusal is not None and f"{private} (owner uid 0" in refusal
+    assert "cannot be searched by user nobody" in refusal
+    assert runnable("sh", "/usr/bin:/bin", nobody) is None
+    assert "is not found in PATH=/nowhere" in runnable("no-such-tool", "/nowhere", nobody)
+    private.chmod(0o755)
+    tool.chmod(0o711)
+    assert "is a script user nobody cannot read" in runnable(str(tool), "/usr/bin", nobody)
+    shutil.rmtree(tmp_path)

@@ -3,7 +3,9 @@ with that uid, its group, no supplementary groups, no capabilities and no way to
 sockets live in a directory only its user can enter; the channel refuses another tenant's uid.
 
 Two throw-away system users are made for the test and removed after it. The daemon's files live under a
-directory of /tmp that the users may traverse (pytest's own tmp_path is root's alone)."""
+directory of /tmp that the users may traverse (pytest's own tmp_path is root's alone). The workers run Debian's
+/usr/bin/python3 with this venv's packages on PYTHONPATH: the venv's own interpreter lives under /root (0700),
+which the tenants' users cannot search — elasticd refuses to start them there, as the second test shows."""
 
 from __future__ import annotations
 
@@ -13,14 +15,32 @@ import secrets
 import shutil
 import stat
 import subprocess
+import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
 import pytest
-from harness import PYTHON, Daemon, browse
+from harness import Daemon, browse
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("useradd") is None,
-                                reason="needs root and useradd to make throw-away users")
+import elasticd
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+SITE = sysconfig.get_paths()["purelib"]
+SOURCE = str(Path(elasticd.__file__).resolve().parent.parent)  # an editable install: its .pth is not read here
+
+
+def _same_python() -> bool:
+    try:
+        out = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+                             text=True, timeout=30).stdout.strip()
+    except OSError:
+        return False
+    return out == str(sys.version_info[:2])
+
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("useradd") is None or not _same_python(),
+                                reason="needs root, useradd, and a /usr/bin/python3 of this venv's version")
 
 TENANTS = """\
 tenants:
@@ -36,6 +56,7 @@ TENANT = """\
         groups:
           main:
             command: ["{python}", "-m", "elasticd.demo"]
+            env: {{PYTHONPATH: "{pythonpath}"}}
 """
 
 
@@ -75,7 +96,8 @@ def test_a_tenant_with_a_user_runs_unprivileged_and_apart(users, base):
     (alice, alice_uid, alice_gid), (bob, bob_uid, _) = users(), users()
     root = base / "srv"
     root.mkdir(mode=0o755)
-    tenants = "".join(TENANT.format(name=n, user=u, root=root, python=PYTHON) for n, u in (("a", alice), ("b", bob)))
+    tenants = "".join(TENANT.format(name=n, user=u, root=root, python=SYSTEM_PYTHON, pythonpath=f"{SITE}:{SOURCE}")
+                      for n, u in (("a", alice), ("b", bob)))
     d = Daemon(base, TENANTS.format(tenants=tenants))
     d.start()
     try:
@@ -94,7 +116,8 @@ def test_a_tenant_with_a_user_runs_unprivileged_and_apart(users, base):
         b_socket = d.runtime / "workers" / "b" / "web.main.1.sock"
         probe = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect(sys.argv[1])\n"
                  "except PermissionError:\n    print('denied')\nelse:\n    print('connected')\n")
-        as_alice = ["setpriv", f"--reuid={alice_uid}", f"--regid={alice_gid}", "--clear-groups", PYTHON, "-c", probe]
+        as_alice = ["setpriv", f"--reuid={alice_uid}", f"--regid={alice_gid}", "--clear-groups", SYSTEM_PYTHON, "-c",
+                 probe]
         assert subprocess.run([*as_alice, str(b_socket)], capture_output=True, text=True,
                               timeout=30).stdout.strip() == "denied"
         # The library worker announced itself with its own uid; bob's uid with alice's worker's token is refused.
@@ -106,7 +129,8 @@ def test_a_tenant_with_a_user_runs_unprivileged_and_apart(users, base):
         forge = ("import json, socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n"
                  "s.sendall(json.dumps({'type': 'announce', 'worker': 'a.web.main.1', 'token': sys.argv[2]})"
                  ".encode() + b'\\n')\nprint(s.makefile().readline())\n")
-        as_bob = ["setpriv", f"--reuid={bob_uid}", f"--regid={bob_uid}", "--clear-groups", PYTHON, "-c", forge]
+        as_bob = ["setpriv", f"--reuid={bob_uid}", f"--regid={bob_uid}", "--clear-groups", SYSTEM_PYTHON, "-c",
+              forge]
         answer = json.loads(subprocess.run([*as_bob, env["ELASTIC_CHANNEL"].removeprefix("unix:"),
                                             env["ELASTIC_TOKEN"]], capture_output=True, text=True,
                                            timeout=30).stdout)
@@ -114,6 +138,29 @@ def test_a_tenant_with_a_user_runs_unprivileged_and_apart(users, base):
         tenants_api = json.loads(d.ctl("status", "--json").stdout)["tenants"]
         assert tenants_api["a"]["user"]["name"] == alice and tenants_api["b"]["user"]["uid"] == bob_uid
         assert "runs as root" not in d.log_text()
+    finally:
+        d.stop()
+        d.kill_leftovers()
+
+
+def test_an_interpreter_the_user_cannot_run_is_named_not_looped_on(users, base):
+    (carol, _, _) = users()
+    hidden = base / "hidden"
+    hidden.mkdir(mode=0o700)  # root's, closed: as a venv under /root would be
+    venv_python = hidden / "python"
+    venv_python.symlink_to(SYSTEM_PYTHON)
+    root = base / "srv"
+    root.mkdir(mode=0o755)
+    tenants = TENANT.format(name="c", user=carol, root=root, python=venv_python, pythonpath=SITE)
+    d = Daemon(base, TENANTS.format(tenants=tenants))
+    d.start()
+    try:
+        [worker] = d.wait_workers("c", "web", "main", lambda ws: ws and ws[0]["state"] == "failed", timeout=20)
+        assert worker["restarts"] == 0  # not a crash loop until failed
+        text = d.log_text()
+        assert text.count("cannot start:") == 1
+        assert f"worker c.web.main.1 of tenant c cannot start: {hidden} (owner uid 0, gid 0, mode 0700) cannot " \
+               f"be searched by user {carol}" in text
     finally:
         d.stop()
         d.kill_leftovers()

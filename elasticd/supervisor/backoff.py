@@ -13,7 +13,7 @@ __all__ = ["RestartPolicy"]
 
 
 class RestartPolicy:
-    __slots__ = ("_deaths", "_next_delay", "base", "cap", "healthy_after", "max_deaths", "window")
+    __slots__ = ("_deaths", "_given_up", "_next_delay", "base", "cap", "healthy_after", "max_deaths", "window")
 
     def __init__(self, *, base: float = 1.0, cap: float = 60.0, healthy_after: float = 60.0,
                  max_deaths: int = 5, window: float = 60.0) -> None:
@@ -24,9 +24,12 @@ class RestartPolicy:
         self.window = window
         self._next_delay = base
         self._deaths: deque[float] = deque()
+        self._given_up = False
 
     def on_exit(self, now: float, started_at: float) -> float | None:
         """The delay before the next start, or None when the worker is to be marked failed."""
+        if self._given_up:
+            return None
         if now - started_at >= self.healthy_after:
             self._next_delay = self.base
         self._deaths.append(now)
@@ -38,7 +41,17 @@ class RestartPolicy:
         self._next_delay = min(self.cap, delay * 2)
         return delay
 
+    @property
+    def given_up(self) -> bool:
+        return self._given_up
+
+    def give_up(self) -> None:
+        """The worker cannot start until something outside it changes (its command is not runnable): failed at
+        once, not after a crash loop."""
+        self._given_up = True
+
     def reset(self) -> None:
         """Forget the history (an operator's reload gives a failed worker a fresh start)."""
         self._next_delay = self.base
         self._deaths.clear()
+        self._given_up = False

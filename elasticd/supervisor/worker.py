@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 import psutil
 
 from elasticd.supervisor.backoff import RestartPolicy
-from elasticd.supervisor.spawn import WorkerSpec, socket_path, spawn_argv, worker_env
+from elasticd.supervisor.spawn import WorkerSpec, runnable, socket_path, spawn_argv, worker_env
 
 __all__ = ["Worker"]
 
@@ -163,6 +163,10 @@ class Worker:
                 return
             now = self._clock()
             delay = self.policy.on_exit(now, self.started_at or now)
+            if delay is None and self.policy.given_up:  # said why already, once
+                self._set_state("failed")
+                self._exited.set()
+                return
             if delay is None:
                 log.error("worker %s exited with %s and has died %d times within %gs: marked failed, "
                           "not restarted (a reload retries it)", self.id, _describe_exit(returncode),
@@ -191,6 +195,15 @@ class Worker:
             if self.restarts == 0:
                 log.warning("worker %s: app root %s is not a directory; it runs in /", self.id, cwd)
             cwd = "/"
+        run_as = self.spec.run_as
+        if run_as is not None and self.spec.argv:
+            refusal = runnable(self.spec.argv[0], env.get("PATH", os.defpath), run_as)
+            if refusal is not None:
+                # Not a crash loop until "failed": it cannot start until the files change, and says why once.
+                log.error("worker %s of tenant %s cannot start: %s (a reload retries it)", self.id, self.tenant,
+                          refusal)
+                self.policy.give_up()
+                return None
         self.started_at = self._clock()
         self._set_state("starting")
         try:
