@@ -13,7 +13,7 @@ import pytest
 from elasticd.config import App, Group
 from elasticd.supervisor.backoff import RestartPolicy
 from elasticd.supervisor.plan import Desired, Running, plan
-from elasticd.supervisor.spawn import TRAMPOLINE, WorkerSpec, spawn_argv, spec_for, worker_env
+from elasticd.supervisor.spawn import TRAMPOLINE, UMASK, WorkerSpec, spawn_argv, spec_for, worker_env
 from elasticd.supervisor.supervisor import Supervisor
 from elasticd.supervisor.worker import Worker
 
@@ -84,7 +84,8 @@ def test_spec_substitutes_python_and_keeps_argv_verbatim():
     app = App(name="a", domains=("a.localhost",), root="/srv/a", default_group="g", groups={"g": group})
     spec = spec_for(app, group, "/cg/tenants/t/a")
     assert spec.argv == ("/venv/bin/python", "-m", "app", "/venv/bin/pythonx")
-    keep = ["setpriv", "--pdeathsig", "SIGKILL", "--"]  # a tenant without a user: only the parent-death signal
+    # A tenant without a user: the umask and the parent-death signal only.
+    keep = ["/bin/sh", "-c", UMASK, "umask", "setpriv", "--pdeathsig", "SIGKILL", "--"]
     assert spawn_argv(spec) == ["/bin/sh", "-c", TRAMPOLINE, "/cg/tenants/t/a", *keep, *spec.argv]
     own = spec_for(app, Group(name="g", command=("{python}",)), None)
     assert own.argv == (sys.executable,)
@@ -101,6 +102,7 @@ def test_a_tenant_with_a_user_drops_everything_after_the_trampoline():
     spec = spec_for(app, group, "/cg/tenants/t/a", RunAs("shop", 1234, "shop", 1235, "/home/shop"))
     assert spawn_argv(spec) == [
         "/bin/sh", "-c", TRAMPOLINE, "/cg/tenants/t/a",  # the one constant script, as root: the pid is placed
+        "/bin/sh", "-c", UMASK, "umask",  # the umask, still as root
         "setpriv", "--reuid=1234", "--regid=1235", "--clear-groups", "--no-new-privs", "--inh-caps=-all",
         "--bounding-set=-all", "--pdeathsig", "SIGKILL", "--", "app", "$(id)"]
     assert TRAMPOLINE == 'echo $$ > "$0/cgroup.procs" && exec "$@"'  # unchanged by any tenant setting

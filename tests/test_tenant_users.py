@@ -106,7 +106,7 @@ def test_a_tenant_with_a_user_runs_unprivileged_and_apart(users, base):
         assert fields["Uid"].split() == [str(alice_uid)] * 4 and fields["Gid"].split() == [str(alice_gid)] * 4
         assert fields["Groups"] == ""  # --clear-groups: none of root's
         assert int(fields["CapEff"], 16) == 0 and int(fields["CapBnd"], 16) == 0 and int(fields["CapInh"], 16) == 0
-        assert fields["NoNewPrivs"] == "1"
+        assert fields["NoNewPrivs"] == "1" and fields["Umask"] == "0027"
         code, body, _ = browse(d, "/", host="a.localhost")
         assert code == 200 and "worker a.web.main.1" in body
         # Its sockets: a directory only its user may enter.

@@ -5,7 +5,8 @@ Pure: a ``WorkerSpec`` is derived from the config and compared on reload (a chan
 workers are replaced); the argv and environment of one start are derived from the spec.
 
 The order of one start: elasticd forks (from the event loop's thread: see below), the child execs the
-trampoline as root, which puts its own pid into the leaf, then execs ``setpriv``, which drops to the tenant's
+trampoline as root, which puts its own pid into the leaf, then sets the umask (027: no file a worker makes is
+anyone else's to read), then execs ``setpriv``, which drops to the tenant's
 user (``--reuid/--regid``, no supplementary groups, no new privileges, every capability gone from the
 inheritable and bounding sets) and sets the parent-death signal, then execs the command. So the tenant's first
 instruction already runs unprivileged and inside its leaf, and can never regain privileges.
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 
 from elasticd.config import App, Group, RunAs
 
-__all__ = ["TRAMPOLINE", "WorkerSpec", "permits", "privileges", "runnable", "socket_dir", "socket_path",
+__all__ = ["TRAMPOLINE", "UMASK", "WorkerSpec", "permits", "privileges", "runnable", "socket_dir", "socket_path",
            "spawn_argv", "spec_for", "worker_env"]
 
 # The one constant shell script of ADR-0010. It runs as the worker's own pid: it writes that pid into the
@@ -61,6 +62,12 @@ def spec_for(app: App, group: Group, leaf: str | None, run_as: RunAs | None = No
     return WorkerSpec(argv=argv, env=tuple(sorted(env.items())), cwd=app.root, leaf=leaf, run_as=run_as)
 
 
+# Between the trampoline and setpriv, a second constant script sets the worker's umask: uvloop's spawn takes no
+# umask argument, elasticd's own umask is not the tenants' business, and ADR-0010's trampoline stays as it is.
+# "$0" is only a name; "$@" is setpriv's argv, never interpreted.
+UMASK = 'umask 027 && exec "$@"'
+
+
 def privileges(run_as: RunAs | None) -> list[str]:
     """setpriv's part of the argv: the tenant's user without a way back, and the parent-death signal (for a
     tenant without a user too: a worker must never outlive elasticd)."""
@@ -75,7 +82,7 @@ def spawn_argv(spec: WorkerSpec, socket: str | None = None) -> list[str]:
     ELASTIC_LISTEN), so ``["gunicorn", "--bind", "unix:{socket}", "app:app"]`` needs no shell; it is per worker,
     hence substituted here and not in the group's spec."""
     argv = [arg.replace("{socket}", socket) for arg in spec.argv] if socket is not None else list(spec.argv)
-    argv = [*privileges(spec.run_as), *argv]
+    argv = ["/bin/sh", "-c", UMASK, "umask", *privileges(spec.run_as), *argv]
     if spec.leaf is None:
         return argv
     return ["/bin/sh", "-c", TRAMPOLINE, spec.leaf, *argv]
