@@ -488,9 +488,8 @@ def _run_as(walk: _Walk, m: CommentedMap, path: str) -> RunAs | None:
             walk.error(f"{path}.group", walk.key_line(m, "group"), "needs user beside it")
         return None
     raw, line = m["user"], walk.key_line(m, "user")
-    try:
-        entry = pwd.getpwuid(raw) if isinstance(raw, int) and not isinstance(raw, bool) else pwd.getpwnam(str(raw))
-    except (KeyError, OverflowError):
+    entry = _lookup(raw, pwd.getpwuid, pwd.getpwnam)
+    if entry is None:
         walk.error(f"{path}.user", line, f"{_kind(raw)} is not a user on this host (see getent passwd)")
         return None
     if entry.pw_uid == 0 and raw != "root":
@@ -503,14 +502,22 @@ def _run_as(walk: _Walk, m: CommentedMap, path: str) -> RunAs | None:
     except KeyError:  # a primary gid with no name in the group database: the number is all there is
         group_name = str(gid)
     if "group" in m and m["group"] is not None:
-        graw, gline = m["group"], walk.key_line(m, "group")
-        try:
-            g = grp.getgrgid(graw) if isinstance(graw, int) and not isinstance(graw, bool) else grp.getgrnam(str(graw))
-        except (KeyError, OverflowError):
-            walk.error(f"{path}.group", gline, f"{_kind(graw)} is not a group on this host (see getent group)")
+        graw = m["group"]
+        g = _lookup(graw, grp.getgrgid, grp.getgrnam)
+        if g is None:
+            walk.error(f"{path}.group", walk.key_line(m, "group"),
+                       f"{_kind(graw)} is not a group on this host (see getent group)")
             return None
         group_name, gid = g.gr_name, g.gr_gid
     return RunAs(entry.pw_name, entry.pw_uid, group_name, gid, entry.pw_dir)
+
+
+def _lookup(raw: Any, by_id: Callable[[int], Any], by_name: Callable[[str], Any]) -> Any:
+    """A user or group database entry by number or name; None when there is none."""
+    try:
+        return by_id(raw) if isinstance(raw, int) and not isinstance(raw, bool) else by_name(str(raw))
+    except (KeyError, OverflowError):
+        return None
 
 
 def _check_domains(walk: _Walk, tenants: Mapping[str, Tenant], root: CommentedMap) -> None:
