@@ -15,7 +15,9 @@ This is the one entry point; the scenarios live beside it, one module per subjec
 - ``runtime_limits.py``: 11, issue #5 (elasticctl limit, with and without --persist);
 - ``elastic_pool.py``: 12, issue #7 (the pool grows under real CPU pressure and compacts back);
 - ``pool_kernel.py``: 13 (the pool meets the kernel: a tenant at its cpu.max holds scale-ups, a CPU-bound
-  handler is busy, not hung, and raising the limit lets the pool grow).
+  handler is busy, not hung, and raising the limit lets the pool grow);
+- ``isolation.py``: 14, issue #11 (tenants as Unix users: a hostile tenant's worker, hostile_app.py, is denied
+  every attempt to break out by the kernel; elasticd and the other tenant go on as before).
 
 Plain python3 and the standard library only: this judges elasticd from the outside, the way an operator
 would, through systemctl, the journal, the front (HTTP with Host headers), the admin socket, elasticctl,
@@ -53,6 +55,7 @@ from enforcement import (  # noqa: E402
     s_stop_start,
     s_verify,
 )
+from isolation import s_isolation  # noqa: E402
 from pool_kernel import s_pool_limits  # noqa: E402
 from runtime_limits import s_limits  # noqa: E402
 
@@ -76,6 +79,8 @@ SCENARIOS: list[tuple[str, str, Scenario]] = [
      s_pool),
     ("13-pool-limits", "at its cpu.max a tenant's pool holds its scale-up (held, not grown) and a 6 s CPU-bound "
      "request is not hung; elasticctl limit --cpu 200% lets the same load grow the pool", s_pool_limits),
+    ("14-isolation", "a hostile tenant (its own user:) is denied by the kernel: its cpu.max, server/, /etc/shadow, "
+     "/etc, elasticd, the other tenant's files, socket and worker; elasticd and the other tenant go on", s_isolation),
 ]
 
 
