@@ -357,8 +357,7 @@ class Daemon:
         getattr(self, f"_on_{name.lower()}")()
 
     def _on_sighup(self) -> None:
-        if not self._stop.is_set():
-            self._track(self.reload())
+        self._track(self.reload())  # refused by reload() itself once stopping
 
     def _on_sigterm(self) -> None:
         self._stop.set()
@@ -374,8 +373,7 @@ class Daemon:
         self.pool.stop()
         await self._tasks.settle()
         await self.notifier.stop_watchdog()
-        grace = self.config.server.stop_timeout
-        await self.front.stop(grace)
+        await self.front.stop(self.config.server.stop_timeout)
         await self.supervisor.stop_all()
         await self.cgroups.drain_all(self.config)
         await self.api.stop()

@@ -373,13 +373,9 @@ class PoolManager:
         started = self._clock()
         try:
             cut = await self.wait_drained([worker_id], entry.pool.drain_timeout)
-            waited = round(self._clock() - started, 3)
-            if cut:
-                self._record(entry, Decision("retire", worker_id, f"drain timeout: cut {cut[worker_id]}",
-                                             {"waited_seconds": waited}))
-            else:
-                self._record(entry, Decision("retire", worker_id, "drained: nothing open on it",
-                                             {"waited_seconds": waited}))
+            reason = f"drain timeout: cut {cut[worker_id]}" if cut else "drained: nothing open on it"
+            self._record(entry, Decision("retire", worker_id, reason,
+                                         {"waited_seconds": round(self._clock() - started, 3)}))
             await self._supervisor.retire(worker_id)
         finally:
             entry.draining.discard(worker_id)
