@@ -1,7 +1,14 @@
 from __future__ import annotations
 
+import os
+import pwd
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 from harness import Daemon
+from ruamel.yaml import YAML
 
 
 @pytest.fixture
@@ -19,3 +26,38 @@ def daemons(tmp_path):
     for daemon in made:
         daemon.stop()
         daemon.kill_leftovers()
+
+
+EXAMPLE_CONFIG = Path(__file__).resolve().parent.parent / "etc" / "elastic.yaml.example"
+
+
+def example_users() -> list[str]:
+    """The users the shipped example's tenants run as (the .deb's postinst and ./dev run create them)."""
+    tenants = YAML(typ="safe").load(EXAMPLE_CONFIG.read_text())["tenants"]
+    return sorted({str(t["user"]) for t in tenants.values() if t.get("user") is not None})
+
+
+@pytest.fixture(scope="session")
+def demo_users():
+    """The example config's users, so that it loads here as on an installed host. Made as ./dev run makes
+    them (system users, own group, no home) when missing, and removed at the end only if made here: a
+    developer's own, from ./dev run, stay."""
+    missing = []
+    for name in example_users():
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            missing.append(name)
+    if missing and (os.geteuid() != 0 or shutil.which("useradd") is None):
+        pytest.skip(f"the example config's users {missing} do not exist and only root can make them")
+    made = []
+    try:
+        for name in missing:
+            subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+                            "--shell", "/usr/sbin/nologin", name], check=True, capture_output=True)
+            made.append(name)
+        yield example_users()
+    finally:
+        for name in made:
+            subprocess.run(["userdel", name], capture_output=True)
+            subprocess.run(["groupdel", name], capture_output=True)  # gone with the user where USERGROUPS_ENAB

@@ -68,10 +68,11 @@ def test_format_size(n, text):
     assert format_size(n) == text
 
 
-def test_example_config_is_valid():
+def test_example_config_is_valid(demo_users):
     config = load_config(ROOT / "etc" / "elastic.yaml.example")
     assert set(config.tenants) == {"acme", "globex"}
     acme = config.tenants["acme"]
+    assert [t.run_as.user for t in config.tenants.values()] == ["elastic-acme", "elastic-globex"] == demo_users
     assert acme.resources.cpu == 150.0
     assert acme.resources.memory == 1024**3
     assert acme.resources.io_read == 50 * 1024**2

@@ -250,12 +250,12 @@ ROUND_TRIPS = [
         "+        read: 5M",
     ], id="new-io-bandwidth-follows-the-files-block-style"),
     pytest.param(EXAMPLE, "acme", LimitEdit(cpu="50%", memory="512M", io_write="10M"), [
-        "@@ -28,2 +28,2 @@",
+        "@@ -32,2 +32,2 @@",
         '-      cpu: 150%                     # -> cpu.max "150000 100000"; "max" = unlimited',
         "-      memory: 1G                    # -> memory.max",
         '+      cpu: 50%                      # -> cpu.max "150000 100000"; "max" = unlimited',
         "+      memory: 512M                  # -> memory.max",
-        "@@ -33 +33 @@",
+        "@@ -37 +37 @@",
         "-      io_bandwidth: {read: 50M, write: 20M}   # -> io.max rbps/wbps on each disk under the apps' roots",
         "+      io_bandwidth: {read: 50M, write: 10M}   # -> io.max rbps/wbps on each disk under the apps' roots",
     ], id="the-example-config"),
@@ -263,7 +263,9 @@ ROUND_TRIPS = [
 
 
 @pytest.mark.parametrize(("text", "tenant", "edit", "expected"), ROUND_TRIPS)
-def test_round_trip_changes_only_the_expected_lines(text, tenant, edit, expected):
+def test_round_trip_changes_only_the_expected_lines(text, tenant, edit, expected, request):
+    if text is EXAMPLE:
+        request.getfixturevalue("demo_users")  # its tenants' users must exist for it to load
     parse_config(text)  # every document is a valid config to begin with
     new = edited(text, tenant, edit)
     assert diff(text, new) == expected
@@ -458,7 +460,9 @@ DOCUMENTS = {"comments": COMMENTS, "four-spaces": FOUR_SPACES, "flow": FLOW, "an
     ("no-resources", "acme"), ("null-resources", "acme"), ("block-io", "acme"), ("block-io", "globex"),
     ("example", "acme"), ("example", "globex"),
 ])
-def test_each_key_and_mixes_of_them_land_and_a_second_time_change_nothing(name, tenant):
+def test_each_key_and_mixes_of_them_land_and_a_second_time_change_nothing(name, tenant, request):
+    if name == "example":
+        request.getfixturevalue("demo_users")
     text = DOCUMENTS[name]
     names = list(EVERY_FIELD)
     for mask in [1 << i for i in range(len(names))] + [0b1111111, 0b1010101, 0b0101010, 0b1100011, 0b0011100]:

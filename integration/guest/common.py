@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import threading
@@ -412,6 +413,36 @@ SUITE_APPS = [
     ("io", "writer", "{io_bandwidth: {write: 1M}}", 1),
 ]
 
+# Every tenant of the suite runs as its own system user, as an operator would run them. The .deb's postinst makes
+# the shipped example's two (00-install checks it); the others are made once the package is in (make_users).
+DEB_USERS = ("elastic-acme", "elastic-globex")
+
+
+def tenant_user(tenant: str) -> str:
+    return f"elastic-{tenant}"
+
+
+# The tenants of the scenarios with a configuration of their own (small_config, 12-pool, 13-pool-limits).
+OTHER_TENANTS = ("solo", "elastic", "capped")
+
+
+def suite_users() -> list[str]:
+    return [tenant_user(t) for t in [*(t for t, *_ in SUITE_APPS), *OTHER_TENANTS] if tenant_user(t) not in DEB_USERS]
+
+
+def make_users() -> None:
+    """The suite's tenants' users the .deb does not make, and the app roots their workers write into (the io
+    tenant's writer writes its file into its root, so that root is its user's)."""
+    for name in suite_users():
+        if run(["getent", "passwd", name]).returncode != 0:
+            made = run(["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+                        "--shell", "/usr/sbin/nologin", name])
+            check(made.returncode == 0, f"useradd {name} exited {made.returncode}: {made.stderr.strip()}")
+    io = Path("/srv/io/writer")
+    io.mkdir(parents=True, exist_ok=True)
+    shutil.chown(io, tenant_user("io"), tenant_user("io"))
+
+
 _SERVER = """\
 server:
   listen: 127.0.0.1:8080
@@ -423,6 +454,7 @@ tenants:
 
 _APP = """\
   %(tenant)s:
+    user: elastic-%(tenant)s
     resources: %(resources)s
     apps:
       %(app)s:

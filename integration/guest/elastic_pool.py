@@ -30,6 +30,7 @@ from common import (
     running,
     say,
     start_with,
+    tenant_user,
     wait_for,
 )
 
@@ -56,6 +57,7 @@ server:
   occupancy_interval: 1s
 tenants:
   {TENANT}:
+    user: {tenant_user(TENANT)}
     resources: {{cpu: 200%}}
     apps:
       {APP}:

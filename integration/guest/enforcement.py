@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import threading
@@ -17,6 +18,7 @@ from typing import Any
 from common import (
     BASE,
     CGROOT,
+    DEB_USERS,
     SUITE_APPS,
     UNIT,
     WANTED,
@@ -34,6 +36,7 @@ from common import (
     layout,
     leaf,
     main_pid,
+    make_users,
     procs,
     read,
     read_kv,
@@ -44,6 +47,7 @@ from common import (
     subtree,
     suite_config,
     systemctl,
+    tenant_user,
     timed,
     wait_for,
     worker_pids,
@@ -75,9 +79,39 @@ def s_install(share: Path) -> tuple[str, dict[str, Any]]:
     deps = {}
     for name in re.findall(r"(python3-[a-z.-]+)", depends):
         deps[name] = run(["dpkg-query", "-W", "-f=${Version}", name]).stdout
+    users = _shipped_config_runs_unprivileged()
+    make_users()
     return (f"apt-get install {deb.name}: {seconds:.1f}s, elasticd {version}; Depends met by Debian's "
-            + ", ".join(f"{k} {v}" for k, v in sorted(deps.items())),
+            + ", ".join(f"{k} {v}" for k, v in sorted(deps.items())) + f"; the shipped config runs: {users}",
             {"apt_output": result.stdout[-2000:], "depends": depends, "conffiles": conffiles.strip()})
+
+
+def _shipped_config_runs_unprivileged() -> str:
+    """The postinst made the example's system users, and the unit it started serves the shipped
+    /etc/elastic.yaml with every worker running as its tenant's user."""
+    for name in DEB_USERS:
+        entry = run(["getent", "passwd", name]).stdout.strip().split(":")
+        check(len(entry) == 7 and int(entry[2]) < 1000 and entry[6].endswith("nologin"),
+              f"the postinst did not make system user {name}: getent says {entry}")
+    check(wait_for(is_active, 60, 0.5), f"{UNIT} is not active after the install")
+    st, _ = all_running([("acme", "shop", "", 2), ("globex", "blog", "", 1)], timeout=90)
+    seen = []
+    for (tenant, app), pids in worker_pids(st).items():
+        expected = tenant_user(tenant)
+        shown = (st["tenants"][tenant].get("user") or {}).get("name")
+        check(shown == expected, f"GET /v1/status shows tenant {tenant} as user {shown!r}, not {expected}")
+        for pid in pids:
+            uid = _uid_of(pid)
+            check(uid == pwd.getpwnam(expected).pw_uid, f"worker {pid} of {tenant}/{app} runs as uid {uid}, "
+                  f"not {expected}")
+            code, _ = front(f"{app}.localhost", "/")
+            check(code == 200, f"{app}.localhost answered {code}")
+        seen.append(f"{tenant}/{app} {len(pids)}x as {expected}")
+    return ", ".join(seen)
+
+
+def _uid_of(pid: int) -> int:
+    return int(next(ln for ln in read(Path(f"/proc/{pid}/status")).splitlines() if ln.startswith("Uid:")).split()[1])
 
 
 def s_start() -> tuple[str, dict[str, Any]]:
@@ -111,8 +145,11 @@ def s_start() -> tuple[str, dict[str, Any]]:
         ws = workers(st, tenant, app)
         check(len(ws) == n and all(w["state"] == "running" for w in ws), f"{tenant}/{app} workers: {ws}")
         members = procs(path)
+        uid = pwd.getpwnam(tenant_user(tenant)).pw_uid
         for w in ws:
             check(w["pid"] in members, f"worker {w['id']} (pid {w['pid']}) is not in {path} ({members})")
+            check(_uid_of(w["pid"]) == uid, f"worker {w['id']} (pid {w['pid']}) runs as uid {_uid_of(w['pid'])}, "
+                  f"not as {tenant_user(tenant)} ({uid})")
         in_leaves += len(ws)
     # Every process of the unit, wherever it is: only in server/, a leaf, or systemd's own .control.
     leaves = {leaf(t, a) for t, a, *_ in SUITE_APPS}
@@ -129,9 +166,10 @@ def s_start() -> tuple[str, dict[str, Any]]:
     check(not refused, f"the channel refused workers at start ({len(refused)}): {refused[:3]}")
     waited = f" (+{late:.1f}s until all ran)" if late >= 1 else ""
     return (f"active {seconds:.1f}s after `systemctl start` (Type=notify, READY=1, status "
-            f"\"{props['StatusText']}\"){waited}; elasticd pid {pid} in server/; {len(leaves)} leaves with {in_leaves} "
-            f"workers, all in their leaf; subtree_control \"{' '.join(sorted(wanted))}\" at the base, "
-            f"tenants/ and each tenant, 0 processes in those {len(inner)} inner nodes; "
+            f"\"{props['StatusText']}\"){waited}; elasticd pid {pid} in server/; {len(leaves)} leaves with "
+            f"{in_leaves} workers, all in their leaf and each as its tenant's user; subtree_control "
+            f"\"{' '.join(sorted(wanted))}\" at the base, tenants/ and each tenant, 0 processes in those "
+            f"{len(inner)} inner nodes; "
             f"trusted.delegate={delegate}; {announced} workers announced on the channel, 0 refused",
             {"layout": layout(), "status_text": props["StatusText"]})
 

@@ -48,6 +48,7 @@ from common import (
     running,
     say,
     start_with,
+    tenant_user,
     wait_for,
 )
 
@@ -75,6 +76,7 @@ server:
   hung_after: {HUNG_AFTER:g}s
 tenants:
   {TENANT}:
+    user: {tenant_user(TENANT)}
     resources: {{cpu: 50%}}
     apps:
       {APP}:
