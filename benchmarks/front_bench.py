@@ -207,7 +207,7 @@ def measure(name: str, port: int, pids: list[int], args: argparse.Namespace, coo
 def serve_front(port: int, socket_path: str, use_uvloop: bool) -> None:
     """The front as the daemon runs it: quotas configured (never refusing here), stickiness, accounting."""
     sys.path.insert(0, str(REPO))
-    from elasticd.config import Address, Quotas
+    from elasticd.config.model import Address, Quotas
     from elasticd.front import AppRoute, Front, RouteTable, Upstream
 
     upstreams = [Upstream("bench", socket_path)]

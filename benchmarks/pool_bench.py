@@ -24,7 +24,7 @@ from collections import deque
 
 from elasticd.accounting.parse import Pressure
 from elasticd.accounting.sample import Sample
-from elasticd.config import Pool, Resources
+from elasticd.config.model import PoolSettings, Resources
 from elasticd.pool.budget import Budget, budget_of
 from elasticd.pool.evaluator import METRICS_WINDOW
 from elasticd.pool.manager import PoolManager
@@ -82,8 +82,8 @@ class _Surface:
 
 
 def _manager(n: int) -> PoolManager:
-    from elasticd.config import App, Config, Group, Quotas, Server, Tenant
-    pool = Pool(min_workers=n, max_workers=n, memory_limit=512 * 1024**2)
+    from elasticd.config.model import App, Config, Group, Quotas, Server, Tenant
+    pool = PoolSettings(min_workers=n, max_workers=n, memory_limit=512 * 1024**2)
     group = Group(name="green", command=("app",), pool=pool)
     app = App(name="shop", domains=("shop.localhost",), root="/", default_group="green", groups={"green": group})
     config = Config(server=Server(), tenants={"acme": Tenant("acme", Resources(), Quotas(), {"shop": app})})

@@ -33,7 +33,7 @@ from elasticd.accounting.files import CgroupFiles
 from elasticd.accounting.sample import FILES, SampleBuilder, sample_from_texts
 from elasticd.accounting.sampler import Key, Sampler
 from elasticd.cgroup.discovery import parse_mountinfo
-from elasticd.config import Address, Resources
+from elasticd.config.model import Address, Resources
 from elasticd.metrics import MetricsServer
 
 

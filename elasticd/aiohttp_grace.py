@@ -8,15 +8,23 @@ the metrics page) and the demo app pass theirs here.
 from __future__ import annotations
 
 import inspect
+from typing import TypedDict
 
 from aiohttp import web
 
-__all__ = ["grace"]
+__all__ = ["Grace", "grace"]
 
 _ON_RUNNER = "shutdown_timeout" in inspect.signature(web.BaseRunner.__init__).parameters
 
 
-def grace(seconds: float) -> tuple[dict[str, float], dict[str, float]]:
+class Grace(TypedDict, total=False):
+    """Keyword arguments that both aiohttp's runner and its site take (a TypedDict, so a type checker sees the
+    one keyword and its type rather than any float)."""
+
+    shutdown_timeout: float
+
+
+def grace(seconds: float) -> tuple[Grace, Grace]:
     """(keyword arguments for the runner, for the site)."""
-    kwargs = {"shutdown_timeout": seconds}
-    return (kwargs, {}) if _ON_RUNNER else ({}, kwargs)
+    kwargs = Grace(shutdown_timeout=seconds)
+    return (kwargs, Grace()) if _ON_RUNNER else (Grace(), kwargs)

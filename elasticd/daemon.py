@@ -34,18 +34,18 @@ from elasticd.accounting.sampler import Sampler
 from elasticd.accounting.usage import measure
 from elasticd.api.server import AdminApi, SocketInUse
 from elasticd.background import Background
-from elasticd.cgroup.placement import CgroupRefused, Placement
+from elasticd.cgroup.activation import Activation, CgroupRefused
 from elasticd.config import Config, ConfigError, Quotas, Resources, load_config
 from elasticd.front import Front, RouteTable, Upstream
+from elasticd.limits.overrides import effective
+from elasticd.limits.runtime import LimitsReply, RuntimeLimits
 from elasticd.metrics import MetricsServer
-from elasticd.overrides import effective
 from elasticd.pool.budget import CPU_SAMPLES, UNLIMITED, Budget, budget_of, enforced
 from elasticd.pool.channel import ChannelServer
-from elasticd.pool.collector import PoolCollector
 from elasticd.pool.evaluator import SMOOTHING_ROWS
 from elasticd.pool.manager import PoolManager
+from elasticd.pool.pool_metrics import PoolCollector
 from elasticd.pool.sensing import in_process_tree
-from elasticd.runtime_limits import LimitsReply, RuntimeLimits
 from elasticd.supervisor.supervisor import Supervisor
 from elasticd.supervisor.worker import Worker
 from elasticd.systemd import Notifier, setup_logging
@@ -94,7 +94,7 @@ class Daemon:
         self.config = config
         self.config_path = config_path
         self.notifier = Notifier()
-        self.cgroups = Placement()
+        self.cgroups = Activation()
         server = config.server
         self.supervisor = Supervisor(server.runtime_dir, self.cgroups.leaf, stop_timeout=server.stop_timeout,
                                      occupancy_interval=server.occupancy_interval)
@@ -140,15 +140,13 @@ class Daemon:
 
     def _upstreams(self, tenant: str, app: str, group: str) -> list[Upstream]:
         """Called by the front for every request: one pass, and each worker's Upstream made once."""
-        draining = self.pool.draining  # being compacted away: no new requests
         cache = self._upstream_of
         upstreams = []
-        for w in self.supervisor.workers_of((tenant, app, group)):
-            if w.routable and w.id not in draining:
-                upstream = cache.get(w.id)
-                if upstream is None:
-                    upstream = cache[w.id] = Upstream(w.id, w.socket_path)
-                upstreams.append(upstream)
+        for w in self.pool.routable((tenant, app, group)):
+            upstream = cache.get(w.id)
+            if upstream is None:
+                upstream = cache[w.id] = Upstream(w.id, w.socket_path)
+            upstreams.append(upstream)
         return upstreams
 
     def _authenticate(self, worker_id: str, token: str, pid: int, uid: int) -> str | None:

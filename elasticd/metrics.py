@@ -1,4 +1,4 @@
-"""GET /metrics on ``server.metrics_listen``: the cgroup accounting (accounting/collector.py), elasticd's
+"""GET /metrics on ``server.metrics_listen``: the cgroup accounting (accounting/tenant_metrics.py), elasticd's
 own process metrics and build info, and whatever collectors other parts add, in the Prometheus text format.
 
 prometheus-client 0.16 (Debian bookworm) has no aiohttp integration: the page is the registry's text
@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
@@ -19,23 +19,20 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
 
 from elasticd import __version__
-from elasticd.accounting.collector import AccountingCollector, SampleSource
 from elasticd.accounting.exposition import expose
+from elasticd.accounting.tenant_metrics import AccountingCollector, SampleSource
 from elasticd.aiohttp_grace import grace
-from elasticd.config import Address, Resources
+from elasticd.config.model import Address, Resources
 
 __all__ = ["AccountingCollector", "Collector", "MetricsServer", "SampleSource"]
 
 log = logging.getLogger("elasticd.metrics")
 
 
-class Collector(Protocol):
-    def collect(self) -> Iterable[Metric]: ...
-
-
-class _Extra:
+class _Extra(Collector):
     """Serves whatever collectors are in the list at scrape time (front, pool...)."""
 
     __slots__ = ("collectors",)
@@ -54,7 +51,7 @@ class _Extra:
                 log.exception("metrics collector %r failed", collector)
 
 
-class _BuildInfo:
+class _BuildInfo(Collector):
     __slots__ = ()
 
     def describe(self) -> list[Metric]:

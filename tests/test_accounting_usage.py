@@ -16,7 +16,7 @@ from elasticd.accounting.usage import (
     parse_interval_ms,
     usage_between,
 )
-from elasticd.config import Resources
+from elasticd.config.model import Resources
 
 LIMITS = Resources(cpu=150.0, memory=1 << 30, io_read=50 << 20, io_write=20 << 20)
 

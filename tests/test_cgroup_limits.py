@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from elasticd.cgroup.limits import WANTED_CONTROLLERS, io_max_limited, limit_writes, missing_controllers
-from elasticd.config import Resources
+from elasticd.cgroup.limits import WANTED_CONTROLLERS, io_max_limited, limit_writes
+from elasticd.config.model import Resources
 
 ALL = frozenset(WANTED_CONTROLLERS)
 G = 1024**3
@@ -78,15 +78,6 @@ def test_stale_disks_are_lifted_once() -> None:
 def test_missing_controllers_are_skipped(controllers: frozenset[str], files: list[str]) -> None:
     resources = Resources(cpu=10.0, memory=G, pids=5, io_weight=10, io_read=M)
     assert [name for name, _ in limit_writes(resources, controllers, ["8:0"])] == files
-
-
-@pytest.mark.parametrize(
-    ("available", "missing"),
-    [("cpu memory pids io", []), ("cpu pids", ["memory", "io"]), ("", list(WANTED_CONTROLLERS)),
-     ("cpuset cpu io memory hugetlb pids rdma misc", [])],
-)
-def test_missing_controllers(available: str, missing: list[str]) -> None:
-    assert missing_controllers(available.split()) == missing
 
 
 def test_io_max_limited() -> None:

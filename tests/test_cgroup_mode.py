@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from elasticd.cgroup import mode
-from elasticd.cgroup.mode import Decision, Probe, decide, probe
-from elasticd.config import CgroupSettings
+from elasticd.cgroup.mode import ModeDecision, Probe, decide, probe
+from elasticd.config.model import CgroupSettings
 
 BASE = Path("/sys/fs/cgroup/x")
 USABLE = Probe(BASE, True, True, True, frozenset({"cpu", "memory"}), None)
@@ -51,7 +51,7 @@ def test_decide(mode_: str, facts: Probe, enforce: bool, refuse: str | None, war
 
 
 def test_decide_usable_is_plain() -> None:
-    assert decide("auto", USABLE) == Decision(enforce=True, refuse=None, warning=None)
+    assert decide("auto", USABLE) == ModeDecision(enforce=True, refuse=None, warning=None)
 
 
 def test_decide_rejects_unknown_modes() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from elasticd.cgroup import tree as tree_module
 from elasticd.cgroup.tree import CgroupError, CgroupTree, write_file
-from elasticd.config import Resources
+from elasticd.config.model import Resources
 
 G = 1024**3
 M = 1024**2
@@ -371,18 +371,18 @@ tenants:
 
 
 async def test_a_removed_leaf_refused_with_ebusy_is_retried_until_it_goes() -> None:
-    from elasticd.cgroup.placement import Placement
+    from elasticd.cgroup.activation import Activation
     old, new = _two_configs()
-    placement = Placement()
+    placement = Activation()
     tree = placement.tree = _BusyTree(busy=3)  # type: ignore[assignment]
     await placement.remove_dropped(old, lambda: new, retry=0.01)
     assert tree.removed == ["acme/blog"] and tree.busy == 0
 
 
 async def test_a_removed_leaf_configured_again_meanwhile_is_kept() -> None:
-    from elasticd.cgroup.placement import Placement
+    from elasticd.cgroup.activation import Activation
     old, new = _two_configs()
-    placement = Placement()
+    placement = Activation()
     tree = placement.tree = _BusyTree(busy=1000)  # type: ignore[assignment]
     current = {"config": new}
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from elasticd.config import ConfigError, load_config, parse_config
-from elasticd.units import UnitError, format_size, parse_cpu, parse_duration, parse_size
+from elasticd.config.units import UnitError, format_size, parse_cpu, parse_duration, parse_size
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -479,7 +479,7 @@ def test_root_refusal_table(mode, uid, gid, refused):
     import os
 
     from elasticd.config import RunAs, Tenant, root_refusal
-    from elasticd.model import Quotas, Resources
+    from elasticd.config.model import Quotas, Resources
     st = os.stat_result((mode, 1, 1, 1, uid, gid, 0, 0, 0, 0))
     mine = Tenant("acme", Resources(), Quotas(), {}, RunAs("acme", 1001, "acme", 0, "/"))
     found = root_refusal("/srv/acme", st, mine, {2001: "globex"})

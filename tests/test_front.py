@@ -24,7 +24,7 @@ from aiohttp import web
 from test_demo import DemoWorker
 from yarl import URL
 
-from elasticd.config import Address
+from elasticd.config.model import Address
 from elasticd.front import AppRoute, Front, RouteTable, Upstream
 
 SHOP = AppRoute("acme", "shop", "green")

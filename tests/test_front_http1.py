@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from elasticd.front import http1
-from elasticd.front.accounting import Accounting
-from elasticd.front.collector import FrontCollector
-from elasticd.front.http1 import CHUNK, EOF, LENGTH, NONE, read_request, read_response, upstream_head
-from elasticd.front.sticky import SurfaceUser
+from elasticd.front.core import http1
+from elasticd.front.core.counters import ForwardCounters
+from elasticd.front.core.http1 import CHUNK, EOF, LENGTH, NONE, read_request, read_response, upstream_head
+from elasticd.front.core.sticky import SurfaceUser
+from elasticd.front.request_metrics import FrontCollector
 
 USER = b"0123456789abcdef0123456789abcdef"
 
@@ -191,7 +191,7 @@ class Req:
 
 
 def test_forward_accounting() -> None:
-    acct = Accounting()
+    acct = ForwardCounters()
     alice = SurfaceUser("w1", 0.0)
     w1, w2 = acct.worker("w1"), acct.worker("w2")
     shop = acct.route("acme", "shop")
@@ -216,7 +216,7 @@ def test_forward_accounting() -> None:
 
 
 def test_collector_exposes_the_three_families() -> None:
-    acct = Accounting()
+    acct = ForwardCounters()
     shop = acct.route("acme", "shop")
     counters = acct.worker("w1")
     for seconds in (0.001, 0.02, 3.0):
@@ -248,7 +248,7 @@ def test_the_sweep_spares_live_requests_and_the_oldest_open_is_per_worker() -> N
         def __init__(self, user, worker, ts, live, started=False):
             self.user, self.worker, self.ts, self.live, self.started = user, worker, ts, live, started
 
-    acct = Accounting()
+    acct = ForwardCounters()
     streaming = Live("a", "w1", 1.0, True, started=True)  # a long download still relaying: live however old
     lost = Live("b", "w1", 2.0, False)  # a bug left it: swept by its timestamp
     young = Live("c", "w2", 50.0, False)
@@ -263,7 +263,7 @@ def test_the_sweep_spares_live_requests_and_the_oldest_open_is_per_worker() -> N
 
 
 def test_the_front_sweeps_past_the_request_timeout_not_hours() -> None:
-    from elasticd.config import Address
+    from elasticd.config.model import Address
     from elasticd.front import Front, RouteTable
     from elasticd.front.server import STALE_MARGIN
 
@@ -271,3 +271,4 @@ def test_the_front_sweeps_past_the_request_timeout_not_hours() -> None:
     assert front.stale_after == 60.0 + STALE_MARGIN
     front.configure(request_timeout=5.0, user_ttl=60.0)
     assert front.stale_after == 5.0 + STALE_MARGIN
+

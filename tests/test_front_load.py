@@ -16,7 +16,7 @@ from pathlib import Path
 from test_demo import REPO
 from test_front import front, no_errors_logged, run
 
-from elasticd.config import Quotas
+from elasticd.config.model import Quotas
 from elasticd.front import Upstream
 
 __all__ = ["no_errors_logged"]

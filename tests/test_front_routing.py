@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from elasticd.config import parse_config
-from elasticd.front.routing import AppRoute, RouteTable, normalize_host
+from elasticd.front.core.routing import AppRoute, RouteTable, normalize_host
 
 SHOP = AppRoute("acme", "shop", "green")
 BLOG = AppRoute("globex", "blog", "blue")

@@ -12,7 +12,7 @@ import pytest
 from elasticd import __version__
 from elasticd.accounting.fake import FakeCgroup, write_fake_cgroup
 from elasticd.accounting.sampler import Sampler
-from elasticd.config import Address, Resources
+from elasticd.config.model import Address, Resources
 from elasticd.metrics import MetricsServer
 
 LIMITS = {
@@ -189,8 +189,8 @@ def test_fast_exposition_is_byte_for_byte_generate_latest(tree):
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, Summary, generate_latest
     from prometheus_client.core import GaugeMetricFamily
 
-    from elasticd.accounting.collector import AccountingCollector
     from elasticd.accounting.exposition import expose
+    from elasticd.accounting.tenant_metrics import AccountingCollector
 
     sampler = Sampler(sys_root="/nonexistent")
     sampler.set_targets(tree)

@@ -9,7 +9,7 @@ import pytest
 
 from elasticd.accounting.parse import Pressure
 from elasticd.accounting.sample import Sample
-from elasticd.model import Pool, Resources
+from elasticd.config.model import PoolSettings, Resources
 from elasticd.pool.budget import UNLIMITED, Budget, Reading, budget_of, cpu_wall, enforced, holds
 from elasticd.pool.drain import drain_verdict
 from elasticd.pool.evaluator import Row, occupancy
@@ -18,7 +18,7 @@ from elasticd.pool.liveness import CPU_PROGRESS, Progress, observe, verdict
 from elasticd.pool.policy import WorkerView, check_capacity, place_login
 from elasticd.pool.report import Executor, Report, parse_report
 
-POOL = Pool(min_workers=1, max_workers=4)
+POOL = PoolSettings(min_workers=1, max_workers=4)
 MiB = 1024**2
 
 
@@ -116,7 +116,7 @@ def test_holds(name, budget, rss, pids, resources):
 
 
 def test_the_thresholds_are_the_pools():
-    strict = Pool(cpu_held_at=0.5, throttled_held_at=0.9)
+    strict = PoolSettings(cpu_held_at=0.5, throttled_held_at=0.9)
     assert [h.resource for h in holds(Budget(1.0, None, None, reading(cpu_cores=0.6)), strict, worker_rss=None,
                                       worker_pids=None)] == ["cpu"]
     assert holds(Budget(1.0, None, None, reading(cpu_cores=0.6)), POOL, worker_rss=None, worker_pids=None) == []
@@ -171,7 +171,7 @@ def test_a_file_that_appeared_late_still_gives_a_rate():
 @pytest.mark.parametrize(("name", "occ", "spawning", "held", "maximum", "binding", "kind"), CAPACITY,
                          ids=[c[0] for c in CAPACITY])
 def test_capacity(name, occ, spawning, held, maximum, binding, kind):
-    pool = Pool(min_workers=1, max_workers=maximum)
+    pool = PoolSettings(min_workers=1, max_workers=maximum)
     views = [WorkerView(f"w{i}", o) for i, o in enumerate(occ)]
     decision = check_capacity(views, pool, spawning=spawning, held=held, holds=binding)
     assert (decision.kind if decision else None) == kind
@@ -182,8 +182,8 @@ def test_capacity(name, occ, spawning, held, maximum, binding, kind):
 
 
 def test_the_life_of_a_hold():
-    from elasticd.pool.policy import Decision, next_hold
-    held, scale = Decision("held", None, "r"), Decision("scale-up", None, "r")
+    from elasticd.pool.policy import PoolDecision, next_hold
+    held, scale = PoolDecision("held", None, "r"), PoolDecision("scale-up", None, "r")
     none = frozenset()
     assert next_hold(none, CPU_HOLD, held, measuring=False) == ({"cpu"}, True)  # starts: journaled
     assert next_hold(frozenset({"cpu"}), CPU_HOLD, held, measuring=False) == ({"cpu"}, False)  # goes on
@@ -228,7 +228,7 @@ def test_compaction_prefers_a_worker_without_a_tunnel():
 def test_guests_load_is_projected_onto_the_reception():
     # a carries 0.25 of guests: drained, that lands on the reception; at 0.3 + 0.25 the group of one left would
     # be over its threshold and grow again at once, so no compaction; at 0.2 + 0.25 it fits.
-    pool = Pool(min_workers=1, max_workers=4, compaction_margin=0.5)
+    pool = PoolSettings(min_workers=1, max_workers=4, compaction_margin=0.5)
     assert plan_compaction([WorkerView("r", 0.3), WorkerView("a", 0.25)], {"a": {}}, pool) is None
     assert plan_compaction([WorkerView("r", 0.2), WorkerView("a", 0.25)], {"a": {}}, pool) is not None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from elasticd.config import App, Config, Group, Pool, Quotas, Resources, Server, Tenant
+from elasticd.config.model import App, Config, Group, PoolSettings, Quotas, Resources, Server, Tenant
 from elasticd.pool.budget import UNLIMITED, Budget, Reading
 from elasticd.pool.manager import PoolManager
 from elasticd.pool.report import Executor, Report
@@ -54,7 +54,7 @@ class Counters:
         self.seconds = 0.0
 
 
-class Accounting:
+class ForwardCounters:
     def __init__(self) -> None:
         self.counters: dict[str, Counters] = {}
         self.open: dict[str, int] = {}
@@ -86,15 +86,15 @@ class Surface:
         self.users.setdefault(user, User(worker, None)).worker = worker
 
 
-def manager(n: int, *, pool: Pool | None = None, budget=None, tunnels=None, tree_cpu=None, resources=None,
+def manager(n: int, *, pool: PoolSettings | None = None, budget=None, tunnels=None, tree_cpu=None, resources=None,
             hung_after: float = 3.0) -> tuple[PoolManager, Supervisor]:
-    pool = pool or Pool(min_workers=1, max_workers=4)
+    pool = pool or PoolSettings(min_workers=1, max_workers=4)
     group = Group(name="green", command=("app",), pool=pool)
     app = App(name="shop", domains=("shop.localhost",), root="/", default_group="green", groups={"green": group})
     config = Config(server=Server(occupancy_interval=1.0, hung_after=hung_after),
                     tenants={"acme": Tenant("acme", resources or Resources(), Quotas(), {"shop": app})})
     supervisor = Supervisor(n)
-    m = PoolManager(supervisor, Surface(), Accounting(), interval=1.0, budget=budget, tunnels=tunnels,
+    m = PoolManager(supervisor, Surface(), ForwardCounters(), interval=1.0, budget=budget, tunnels=tunnels,
                     tree_cpu=tree_cpu or (lambda pid: 0.0))
     m.apply(config)
     return m, supervisor
@@ -162,7 +162,7 @@ async def test_a_scale_up_the_tenants_cpu_max_would_starve_is_held_once_then_mad
 
 
 async def test_max_workers_counts_every_worker_the_supervisor_holds():
-    m, supervisor = manager(2, pool=Pool(min_workers=1, max_workers=3))
+    m, supervisor = manager(2, pool=PoolSettings(min_workers=1, max_workers=3))
     supervisor.elsewhere = 1  # one more, draining or in backoff: 3 held of max 3
     for t in range(8):
         for w in supervisor.workers:

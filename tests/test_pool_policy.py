@@ -6,13 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elasticd.config import Pool
+from elasticd.config.model import PoolSettings
 from elasticd.pool.evaluator import Forward, Row, Window, components_of, history_of, occupancy, rates_of
 from elasticd.pool.ledger import ledger, plan_compaction
 from elasticd.pool.policy import WorkerView, admit, check_capacity, place_login
 from elasticd.pool.report import Executor, Report, ReportError, parse_report
 
-POOL = Pool(min_workers=1, max_workers=4, reception_threshold=0.5, admission_threshold=0.8,
+POOL = PoolSettings(min_workers=1, max_workers=4, reception_threshold=0.5, admission_threshold=0.8,
             compaction_margin=1.5, memory_limit=256 * 1024**2)
 
 
@@ -209,7 +209,7 @@ def groups(draw):
     rt = draw(st.floats(min_value=0.0, max_value=0.8))
     at = draw(st.floats(min_value=max(rt, 0.3), max_value=0.95))
     margin = draw(st.floats(min_value=1.0, max_value=2.5))
-    pool = Pool(min_workers=1, max_workers=None, reception_threshold=rt, admission_threshold=at,
+    pool = PoolSettings(min_workers=1, max_workers=None, reception_threshold=rt, admission_threshold=at,
                 compaction_margin=margin)
     return views(*occupancies), loads, pool
 

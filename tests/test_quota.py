@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from elasticd.config import Quotas
-from elasticd.front.quota import (
+from elasticd.config.model import Quotas
+from elasticd.front.core.quota import (
     ConcurrencyGate,
     QuotaBook,
     Refusal,

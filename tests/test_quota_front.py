@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from test_demo import DemoWorker
 from test_front import client, front, no_errors_logged, run
 
-from elasticd.config import Quotas
+from elasticd.config.model import Quotas
 from elasticd.front import Upstream
 
 __all__ = ["no_errors_logged"]

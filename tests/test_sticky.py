@@ -7,7 +7,7 @@ import tracemalloc
 
 import pytest
 
-from elasticd.front.sticky import Surface, new_user_id, place, set_cookie_line, user_from_cookie
+from elasticd.front.core.sticky import Surface, new_user_id, place, set_cookie_line, user_from_cookie
 from elasticd.front.upstream import Upstream
 
 UID = "0123456789abcdef0123456789abcdef"

@@ -3,7 +3,7 @@ metrics, and measure usage over an interval for ``GET /v1/tenants/usage`` and ``
 
 Pure: parse.py (interface files → numbers), sample.py (texts → Sample), usage.py (two samples → usage),
 high.py (usage → table), exposition.py (families → text). I/O shell: files.py (persistent descriptors),
-sampler.py (the tick), collector.py (the metric families over the latest tick); metrics.py serves them.
+sampler.py (the tick), tenant_metrics.py (the metric families over the latest tick); metrics.py serves them.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 __all__ = ["expose"]
@@ -23,7 +24,7 @@ _LEGACY_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LEGACY_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
-class _One:
+class _One(Collector):
     """One family as a collector, for generate_latest."""
 
     __slots__ = ("metric",)
@@ -74,6 +75,14 @@ def _family(metric: Metric, labels_cache: dict[int, tuple[dict[str, str], str | 
     return "".join(lines)
 
 
+def _by_the_library(metric: Metric) -> str:
+    """A family the fast path does not write (created, timestamps, exemplars, odd labels): prometheus-client's
+    own text, through a registry of its one family (generate_latest takes a registry on every version)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_One(metric))
+    return generate_latest(registry).decode("utf-8")
+
+
 def expose(metrics: Iterable[Metric]) -> bytes:
     """What ``generate_latest`` returns for a registry whose collect() yields ``metrics`` (the Prometheus
     text format, UTF-8)."""
@@ -81,5 +90,5 @@ def expose(metrics: Iterable[Metric]) -> bytes:
     labels_cache: dict[int, tuple[dict[str, str], str | None]] = {}
     for metric in metrics:
         text = _family(metric, labels_cache)
-        parts.append(text if text is not None else generate_latest(_One(metric)).decode("utf-8"))
+        parts.append(text if text is not None else _by_the_library(metric))
     return "".join(parts).encode("utf-8")

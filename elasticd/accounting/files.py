@@ -27,6 +27,7 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 from elasticd.cgroup.discovery import cgroup2_mounts
 
@@ -101,12 +102,12 @@ class CgroupFiles:
 
     def _open_dir(self) -> bool:
         try:
-            self._dir = _open(self.path, _DIR_FLAGS)
+            self._dir = directory = _open(self.path, _DIR_FLAGS)
         except OSError as exc:
             _note_open_error(exc, self.path)
             return False
         try:
-            self._kernfs = _fstat(self._dir).st_dev in cgroup2_devices()
+            self._kernfs = _fstat(directory).st_dev in cgroup2_devices()
         except OSError:
             self._kernfs = False
         self.reset_retries()  # a (re)made cgroup: its files are all worth trying now
@@ -115,6 +116,8 @@ class CgroupFiles:
     def _removed(self) -> bool:
         # A fake tree's removed directory: its link count drops to 0. Only checked off cgroup2, whose
         # reads fail with ENODEV instead: an fstat there costs ~1 µs per cgroup per tick for nothing.
+        if self._dir is None:
+            return True
         try:
             return _fstat(self._dir).st_nlink == 0
         except OSError:
@@ -146,7 +149,7 @@ class CgroupFiles:
             # The common case, every file open: one comprehension, no per-file bookkeeping. A failure is
             # sorted out file by file below.
             with contextlib.suppress(OSError):
-                return [_pread(fd, _READ_SIZE, 0) for fd in fds]
+                return [_pread(fd, _READ_SIZE, 0) for fd in cast("list[int]", fds)]
         contents: list[bytes | None] = [None] * len(self.names)
         for i, fd in enumerate(fds):
             if fd is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .parse import Pressure, cpu_stat_ints, io_totals, parse_pressure, parse_single
 
@@ -80,9 +81,10 @@ def _parsers(skip_devices: Container[str]) -> tuple[Parser, ...]:
             parse_pressure)
 
 
-def _sample(ts: float, parsed: Sequence[object]) -> Sample:
+def _sample(ts: float, parsed: Sequence[Any]) -> Sample:
     cpu, mem, swap, events, pids, io, cpu_p, mem_p, io_p = parsed
-    return Sample(ts, *cpu, mem, swap, events, pids, *io, cpu_p, mem_p, io_p)
+    # By position, in FILES order: cpu.stat's six fields and io.stat's four are spread (mypy cannot count them).
+    return Sample(ts, *cpu, mem, swap, events, pids, *io, cpu_p, mem_p, io_p)  # type: ignore[call-arg]
 
 
 def sample_from_texts(ts: float, texts: Sequence[str | None], skip_devices: Container[str] = ()) -> Sample:

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from elasticd.config import Resources
+from elasticd.config.model import Resources
 
 from .sample import Sample
 from .sampler import Key, read_once

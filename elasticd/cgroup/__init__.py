@@ -4,22 +4,21 @@ from __future__ import annotations
 
 from .discovery import own_cgroup, parse_mountinfo, parse_proc_cgroup, read_own_cgroup
 from .disks import disk_of, disk_of_device, disks_for_roots
-from .limits import WANTED_CONTROLLERS, limit_writes, missing_controllers
-from .mode import Decision, Probe, decide, probe
+from .limits import WANTED_CONTROLLERS, limit_writes
+from .mode import ModeDecision, Probe, decide, probe
 from .tree import CgroupError, CgroupTree
 
 __all__ = [
     "WANTED_CONTROLLERS",
     "CgroupError",
     "CgroupTree",
-    "Decision",
+    "ModeDecision",
     "Probe",
     "decide",
     "disk_of",
     "disk_of_device",
     "disks_for_roots",
     "limit_writes",
-    "missing_controllers",
     "own_cgroup",
     "parse_mountinfo",
     "parse_proc_cgroup",

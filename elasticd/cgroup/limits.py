@@ -8,14 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from elasticd.config import Resources
+from elasticd.config.model import Resources
 
 __all__ = [
     "CPU_PERIOD_US",
     "WANTED_CONTROLLERS",
     "io_max_limited",
     "limit_writes",
-    "missing_controllers",
 ]
 
 # The order in which controllers are enabled and listed (and written as one subtree_control line).
@@ -26,12 +25,6 @@ CPU_PERIOD_US = 100_000
 
 # The kernel's io.weight default: "default 100" resets a tenant to an equal share.
 _IO_WEIGHT_DEFAULT = 100
-
-
-def missing_controllers(available: Iterable[str]) -> list[str]:
-    """The wanted controllers not in ``available``, in WANTED order."""
-    have = set(available)
-    return [c for c in WANTED_CONTROLLERS if c not in have]
 
 
 def _max(value: int | None) -> str:

@@ -12,11 +12,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from elasticd.config import CgroupSettings
+from elasticd.config.model import CgroupSettings
 
 from .discovery import cgroup2_mounts, own_cgroup, parse_proc_cgroup
 
-__all__ = ["Decision", "Probe", "decide", "is_delegated_xattr", "probe"]
+__all__ = ["ModeDecision", "Probe", "decide", "is_delegated_xattr", "probe"]
 
 # systemd ≥ 251 marks a cgroup it delegated (Delegate=yes) with this xattr set to "1": trusted.* from the
 # system manager (readable only with CAP_SYS_ADMIN), user.* from a user manager.
@@ -39,24 +39,24 @@ class Probe:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class ModeDecision:
     enforce: bool
     refuse: str | None  # set: do not start, with this message
     warning: str | None  # set: log once, then serve
 
 
-def decide(mode: str, probe: Probe) -> Decision:
+def decide(mode: str, probe: Probe) -> ModeDecision:
     """``off``: never enforce. Usable: enforce. Unusable: ``required`` refuses, ``auto`` warns and serves."""
     if mode == "off":
-        return Decision(enforce=False, refuse=None, warning=None)
+        return ModeDecision(enforce=False, refuse=None, warning=None)
     if mode not in ("auto", "required"):
         raise ValueError(f"unknown cgroups mode {mode!r}")
     if probe.usable:
-        return Decision(enforce=True, refuse=None, warning=None)
+        return ModeDecision(enforce=True, refuse=None, warning=None)
     why = probe.reason or "no usable cgroup v2 base was found"
     if mode == "required":
-        return Decision(enforce=False, refuse=f"cgroups.mode is required but {why}", warning=None)
-    return Decision(
+        return ModeDecision(enforce=False, refuse=f"cgroups.mode is required but {why}", warning=None)
+    return ModeDecision(
         enforce=False,
         refuse=None,
         warning=f"tenant limits are NOT enforced: {why}; "

@@ -1,24 +1,24 @@
-"""The front HTTP proxy: Host → app (routing), tenant quotas, sticky users, forward accounting, and the relay
+"""The front HTTP proxy: Host → app (routing), tenant quotas, sticky users, forward counters, and the relay
 of bytes to each app's workers over their Unix sockets (asyncio Protocols with httptools).
 
-``Front`` is the shell; the decisions are pure modules: ``routing``, ``quota``, ``sticky``, ``accounting``,
-``http1``. ``collector.FrontCollector`` exposes the metrics.
+``Front`` is the shell; the decisions are the sans-I/O modules of ``front.core``: ``routing``, ``quota``,
+``sticky``, ``counters``, ``http1``. ``request_metrics.FrontCollector`` exposes the metrics.
 """
 
 from __future__ import annotations
 
-from .accounting import Accounting, RouteStats, WorkerCounters
-from .collector import FrontCollector
-from .quota import ConcurrencyGate, QuotaBook, Refusal, TenantQuota, TokenBucket, retry_after
-from .routing import AppRoute, RouteTable, normalize_host
+from .core.counters import ForwardCounters, RouteStats, WorkerCounters
+from .core.quota import ConcurrencyGate, QuotaBook, Refusal, TenantQuota, TokenBucket, retry_after
+from .core.routing import AppRoute, RouteTable, normalize_host
+from .core.sticky import PlaceFn, Surface, SurfaceUser, place
+from .request_metrics import FrontCollector
 from .server import Front, WorkersFn
-from .sticky import PlaceFn, Surface, SurfaceUser, place
 from .upstream import Upstream
 
 __all__ = [
-    "Accounting",
     "AppRoute",
     "ConcurrencyGate",
+    "ForwardCounters",
     "Front",
     "FrontCollector",
     "PlaceFn",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import httptools
 
-from elasticd.front import http1
+from elasticd.front.core import http1
 from elasticd.front.exchange import NO_HEAD, Exchange
 from elasticd.front.upstream import MAX_IDLE
 
@@ -29,7 +29,6 @@ __all__ = ["ClientConn"]
 log = logging.getLogger("elasticd.front")
 
 _IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _MAX_QUEUE = 16  # pipelined requests read ahead of the one being served
 _MAX_PENDING = 256 << 10  # request body bytes buffered before reading from the client pauses
 _FOR_QUEUE, _FOR_UPSTREAM = 1, 2  # why reading is paused (both may hold)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from elasticd.front import http1
-from elasticd.front.accounting import RouteStats, WorkerCounters
-from elasticd.front.quota import TenantQuota
-from elasticd.front.routing import AppRoute
-from elasticd.front.sticky import SurfaceUser
+from elasticd.front.core import http1
+from elasticd.front.core.counters import RouteStats, WorkerCounters
+from elasticd.front.core.quota import TenantQuota
+from elasticd.front.core.routing import AppRoute
+from elasticd.front.core.sticky import SurfaceUser
 
 if TYPE_CHECKING:
     from elasticd.front.upstream import UpstreamConn

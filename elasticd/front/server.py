@@ -14,15 +14,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
-from elasticd.config import Address, Quotas
-from elasticd.front.accounting import Accounting, RouteStats
+from elasticd.config.model import Address, Quotas
 from elasticd.front.client import ClientConn
-from elasticd.front.collector import FrontCollector
+from elasticd.front.core.counters import ForwardCounters, RouteStats
+from elasticd.front.core.quota import CONCURRENCY, QuotaBook, TenantQuota
+from elasticd.front.core.routing import AppRoute, RouteTable
+from elasticd.front.core.sticky import PlaceFn, Surface, new_user_id, place, set_cookie_line, user_from_cookie
 from elasticd.front.exchange import Exchange
-from elasticd.front.quota import CONCURRENCY, QuotaBook, TenantQuota
-from elasticd.front.routing import AppRoute, RouteTable
-from elasticd.front.sticky import PlaceFn, Surface, new_user_id, place, set_cookie_line, user_from_cookie
-from elasticd.front.upstream import Pool, Upstream, UpstreamConn
+from elasticd.front.request_metrics import FrontCollector
+from elasticd.front.upstream import ConnectionPool, Upstream, UpstreamConn
 
 __all__ = ["Front", "Target", "WorkersFn"]
 
@@ -71,7 +71,7 @@ class Front:
         self.stale_after = request_timeout + STALE_MARGIN
         self.quotas = QuotaBook(quotas or {}, clock())
         self.surface = Surface(user_ttl)
-        self.accounting = Accounting()
+        self.accounting = ForwardCounters()
         self.place: PlaceFn = place  # where a new (or re-placed) user goes: the reception
         # At a login (X-Elastic-Login: <name>): (group key, user, the worker that logged it in, whether it was
         # logged in already) → the worker the user lives on from now on, or None to leave it where it is. The
@@ -82,7 +82,7 @@ class Front:
         self.stopping = False
         self.port: int | None = None
         self._targets: dict[bytes | None, Target | None] = {}
-        self._pools: dict[str, Pool] = {}
+        self._pools: dict[str, ConnectionPool] = {}
         self._probes: dict[str, asyncio.Task[None]] = {}
         self._connecting: set[asyncio.Task[UpstreamConn]] = set()
         self._server: asyncio.AbstractServer | None = None
@@ -111,13 +111,6 @@ class Front:
     def collector(self) -> FrontCollector:
         """For the metrics server's registry: requests, latency and quota refusals."""
         return FrontCollector(self.accounting, lambda: list(self.quotas.tenants))
-
-    def routable(self, tenant: str, app: str, group: str) -> Sequence[Upstream]:
-        """The supervisor's routable workers less those the front found dead."""
-        upstreams = self._workers(tenant, app, group)
-        if self.unroutable:
-            return [u for u in upstreams if u.worker_id not in self.unroutable]
-        return upstreams
 
     # ------------------------------------------------------------------ life
 
@@ -276,7 +269,8 @@ class Front:
         pool = self._pools.get(upstream.worker_id)
         if pool is None or pool.path != upstream.socket_path:
             self._drop_pool(upstream.worker_id)
-            pool = self._pools[upstream.worker_id] = Pool(upstream, self.accounting.worker(upstream.worker_id))
+            counters = self.accounting.worker(upstream.worker_id)
+            pool = self._pools[upstream.worker_id] = ConnectionPool(upstream, counters)
         ex.counters = pool.counters
         ex.rid = self.accounting.opened(ex)
         if ex.head.expect and not ex.body_done and ex.http11:
@@ -298,12 +292,13 @@ class Front:
         log.warning("placement chose %r, not a routable worker; using the reception", chosen)
         return upstreams[0]
 
-    def connect(self, client: ClientConn, ex: Exchange, pool: Pool) -> None:
+    def connect(self, client: ClientConn, ex: Exchange, pool: ConnectionPool) -> None:
         task = asyncio.get_running_loop().create_task(pool.connect())
         self._connecting.add(task)
         task.add_done_callback(partial(self._connected, client, ex, pool))
 
-    def _connected(self, client: ClientConn, ex: Exchange, pool: Pool, task: asyncio.Task[UpstreamConn]) -> None:
+    def _connected(self, client: ClientConn, ex: Exchange, pool: ConnectionPool,
+                   task: asyncio.Task[UpstreamConn]) -> None:
         self._connecting.discard(task)
         if task.cancelled():
             return

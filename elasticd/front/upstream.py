@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 
 import httptools
 
-from elasticd.front.accounting import WorkerCounters
-from elasticd.front.http1 import CHUNK, NONE, ResponseHead, ResponseReader, chunk, is_http11
+from elasticd.front.core.counters import WorkerCounters
+from elasticd.front.core.http1 import CHUNK, NONE, ResponseHead, ResponseReader, chunk, is_http11
 
 if TYPE_CHECKING:
     from elasticd.front.client import ClientConn
     from elasticd.front.exchange import Exchange
 
-__all__ = ["MAX_IDLE", "Pool", "Upstream", "UpstreamConn"]
+__all__ = ["MAX_IDLE", "ConnectionPool", "Upstream", "UpstreamConn"]
 
 MAX_IDLE = 1024  # kept-alive connections per worker beyond which a released one is closed
 
@@ -36,7 +36,7 @@ class UpstreamConn(asyncio.Protocol):
     __slots__ = ("client", "closed", "done", "ex", "interim", "on_header", "out", "parser", "paused", "pool",
                  "reader", "reason", "received", "response", "reused", "stale_parser", "transport", "tunnel")
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: ConnectionPool) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.reader = ResponseReader()
@@ -231,7 +231,7 @@ class UpstreamConn(asyncio.Protocol):
         self.done = True
 
 
-class Pool:
+class ConnectionPool:
     """The kept-alive connections to one worker, and its forward counters."""
 
     __slots__ = ("closed", "conns", "counters", "idle", "path", "worker_id")

@@ -24,7 +24,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from elasticd.model import Pool, Resources
+from elasticd.config.model import PoolSettings, Resources
 
 if TYPE_CHECKING:  # only the type: elasticd.accounting's package would bring the sampler (a shell) along
     from elasticd.accounting.sample import Sample
@@ -155,7 +155,7 @@ def budget_of(samples: Sequence[Sample], resources: Resources, app_samples: Sequ
     return Budget(quota, resources.memory, resources.pids, reading, pending=quota is not None and cpu_cores is None)
 
 
-def holds(budget: Budget, pool: Pool, *, worker_rss: float | None, worker_pids: float | None) -> list[Hold]:
+def holds(budget: Budget, pool: PoolSettings, *, worker_rss: float | None, worker_pids: float | None) -> list[Hold]:
     """The limits that would leave one more worker with nothing, each with the numbers behind it.
 
     ``worker_rss``: the group's mean worker RSS (bytes) from its latest readings; ``worker_pids``: the mean

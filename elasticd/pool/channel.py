@@ -49,21 +49,16 @@ def peer_credentials(writer: asyncio.StreamWriter) -> tuple[int, int] | None:
 
 
 class ChannelServer:
-    __slots__ = ("_authenticate", "_clock", "_connections", "_on_disconnect", "_on_report", "_server", "path")
+    __slots__ = ("_authenticate", "_clock", "_connections", "_on_report", "_server", "path")
 
     def __init__(self, path: str, authenticate: Authenticate, on_report: Callable[[str, Report, float], None], *,
-                 on_disconnect: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
         self._authenticate = authenticate
         self._on_report = on_report
-        self._on_disconnect = on_disconnect
         self._clock = clock
         self._server: asyncio.base_events.Server | None = None
         self._connections: dict[str, asyncio.StreamWriter] = {}
-
-    def connected(self, worker_id: str) -> bool:
-        return worker_id in self._connections
 
     async def start(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -81,11 +76,6 @@ class ChannelServer:
             self._server = None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-
-    def disconnect(self, worker_id: str) -> None:
-        writer = self._connections.pop(worker_id, None)
-        if writer is not None:
-            writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         worker_id = None
@@ -105,8 +95,6 @@ class ChannelServer:
         finally:
             if worker_id is not None and self._connections.get(worker_id) is writer:
                 del self._connections[worker_id]
-                if self._on_disconnect is not None:
-                    self._on_disconnect(worker_id)
             writer.close()
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> dict[str, Any] | None:
@@ -136,6 +124,7 @@ class ChannelServer:
         if message is None:
             return None
         worker_id, token = message.get("worker"), message.get("token")
+        reason: str | None
         if message.get("type") != "announce" or not isinstance(worker_id, str) or not isinstance(token, str):
             reason = 'the first message must be {"type": "announce", "worker": ..., "token": ...}'
         elif credentials is None:
@@ -146,6 +135,7 @@ class ChannelServer:
             log.warning("channel: refused a peer (pid %s) announcing as %r: %s", pid, worker_id, reason)
             await _send(writer, {"type": "error", "reason": reason})
             return None
+        assert isinstance(worker_id, str)  # an announce without a string id has a reason above
         previous = self._connections.get(worker_id)
         if previous is not None and previous is not writer:
             previous.close()  # a worker reconnecting replaces its old connection

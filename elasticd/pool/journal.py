@@ -9,7 +9,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
-from elasticd.pool.policy import Decision
+from elasticd.pool.policy import PoolDecision
 
 __all__ = ["Entry", "Journal"]
 
@@ -17,7 +17,7 @@ __all__ = ["Entry", "Journal"]
 @dataclass(frozen=True, slots=True)
 class Entry:
     at: float  # wall-clock seconds (time.time), for people
-    decision: Decision
+    decision: PoolDecision
 
     def as_json(self) -> dict[str, Any]:
         d = self.decision
@@ -31,7 +31,7 @@ class Journal:
         self.entries: deque[Entry] = deque(maxlen=size)
         self.counts: Counter[str] = Counter()
 
-    def record(self, at: float, decision: Decision) -> None:
+    def record(self, at: float, decision: PoolDecision) -> None:
         self.entries.append(Entry(at, decision))
         self.counts[decision.kind] += 1
 

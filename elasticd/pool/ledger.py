@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from elasticd.model import Pool
-from elasticd.pool.policy import Decision, WorkerView, check_capacity
+from elasticd.config.model import PoolSettings
+from elasticd.pool.policy import PoolDecision, WorkerView, check_capacity
 
 __all__ = ["Compaction", "Ledger", "ledger", "plan_compaction"]
 
@@ -37,7 +37,7 @@ class Ledger:
                 "H": round(self.headroom, 4), "trigger": round(self.trigger, 4)}
 
 
-def ledger(occupancies: Sequence[float], pool: Pool) -> Ledger:
+def ledger(occupancies: Sequence[float], pool: PoolSettings) -> Ledger:
     n = len(occupancies)
     capacity = pool.reception_threshold + (n - 1) * pool.admission_threshold if n else 0.0
     occupied = sum(occupancies)
@@ -48,11 +48,11 @@ def ledger(occupancies: Sequence[float], pool: Pool) -> Ledger:
 class Compaction:
     retire: str
     moves: Mapping[str, str]  # user → survivor
-    decision: Decision
+    decision: PoolDecision
 
 
 def plan_compaction(workers: Sequence[WorkerView], loads: Mapping[str, Mapping[str, float]],
-                    pool: Pool, tunnels: Mapping[str, int] | None = None) -> Compaction | None:
+                    pool: PoolSettings, tunnels: Mapping[str, int] | None = None) -> Compaction | None:
     """``workers``: routable, in order, reception first. ``loads``: per worker, each logged-in user's share of
     its occupancy (guests never move: they are re-placed on the reception when their worker goes, so the rest
     of the drained worker's occupancy is projected onto the reception).
@@ -87,11 +87,11 @@ def plan_compaction(workers: Sequence[WorkerView], loads: Mapping[str, Mapping[s
     numbers = {**book.numbers(), "drained": drained.id, "drained_occupancy": round(drained.occupancy, 4),
                "users": len(moves), "tunnels": open_tunnels.get(drained.id, 0), "after": after.numbers()}
     reason = f"H = {book.headroom:.2f} over {book.trigger:.2f}: drain the least-occupied worker and retire it"
-    return Compaction(drained.id, moves, Decision("compaction", drained.id, reason, numbers))
+    return Compaction(drained.id, moves, PoolDecision("compaction", drained.id, reason, numbers))
 
 
 def _admit_projected(survivors: Sequence[WorkerView], projected: Mapping[str, float], load: float,
-                     pool: Pool) -> str | None:
+                     pool: PoolSettings) -> str | None:
     if len(survivors) == 1:  # only the reception is left: a group of one keeps, while under its threshold
         only = survivors[0].id
         return only if projected[only] + load < pool.reception_threshold else None

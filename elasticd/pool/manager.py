@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from elasticd.background import Background
-from elasticd.model import Config, Pool, Server
+from elasticd.config.model import Config, PoolSettings, Server
 from elasticd.pool.budget import UNLIMITED, Budget, holds
 from elasticd.pool.drain import drain_verdict
 from elasticd.pool.evaluator import (
@@ -42,9 +42,10 @@ from elasticd.pool.evaluator import (
 from elasticd.pool.journal import Journal
 from elasticd.pool.ledger import ledger, plan_compaction
 from elasticd.pool.liveness import Progress, observe, reporting, verdict
-from elasticd.pool.policy import Decision, WorkerView, check_capacity, next_hold, place_login
+from elasticd.pool.policy import PoolDecision, WorkerView, check_capacity, next_hold, place_login
 from elasticd.pool.report import Report
 from elasticd.pool.sensing import TreeSensor, tree_cpu
+from elasticd.worker_ids import parse_worker_id
 
 __all__ = ["LIMITED_RESOURCES", "PoolManager"]
 
@@ -54,13 +55,6 @@ GroupKey = tuple[str, str, str]
 LIMITED_RESOURCES = ("cpu", "memory", "pids")  # what can hold a scale-up (elasticd_group_limit_bound)
 _DRAIN_POLL = 0.1  # seconds between two looks at what is still open on a draining worker
 MEASURED_ROWS = SMOOTHING_ROWS // 2  # readings before a worker's occupancy may ask for a scale-up
-
-
-class _Worker(Protocol):
-    id: str
-    pid: int | None
-    routable: bool
-    state: str
 
 
 class _Supervisor(Protocol):
@@ -98,12 +92,12 @@ class _Group:
     __slots__ = ("bound", "concurrency", "draining", "held", "journal", "occupancy", "pool", "rss", "sensors",
                  "spawning", "user_seconds", "wall", "windows")
 
-    def __init__(self, pool: Pool, concurrency: int) -> None:
+    def __init__(self, pool: PoolSettings, concurrency: int) -> None:
         self.pool = pool
         self.concurrency = concurrency
         self.wall = 1.0  # the CPU one worker of the group can use: min(1 core, the tenant's cpu.max)
         self.bound: frozenset[str] = frozenset()  # the resources holding the group's scale-up, while they do
-        self.held: Decision | None = None  # the decision that started the hold (its reason and numbers)
+        self.held: PoolDecision | None = None  # the decision that started the hold (its reason and numbers)
         self.windows: dict[str, Window] = {}
         # Evaluated when a report is archived (the only time it can change), so placement on the request path
         # reads N numbers instead of re-averaging N windows.
@@ -131,7 +125,6 @@ class PoolManager:
         "_tree_cpu",
         "_tunnels",
         "_wall",
-        "draining",
         "hung_after",
         "interval",
     )
@@ -157,7 +150,6 @@ class PoolManager:
         self._last_report: dict[str, tuple[float, float | None]] = {}  # worker → (when, its loop_lag)
         self._progress: dict[str, Progress] = {}
         self._tasks = Background(log, "pool: a retire or replacement")
-        self.draining: set[str] = set()  # every group's, for the front's hot path (no new requests to these)
 
     # ------------------------------------------------------------------ config
 
@@ -183,21 +175,30 @@ class PoolManager:
 
     # ------------------------------------------------------------------ views
 
-    def _routable(self, key: GroupKey) -> list[Any]:
+    @property
+    def draining(self) -> set[str]:
+        """Every group's workers being compacted away (a view; the filter itself is ``routable``)."""
+        return set().union(*(entry.draining for entry in self._groups.values()))
+
+    def routable(self, key: GroupKey) -> list[Any]:
+        """The one draining filter: the supervisor's routable workers less those being compacted away (they get
+        no new requests). The front's hot path and every decision read it."""
         entry = self._groups.get(key)
-        draining = entry.draining if entry else set()
+        if entry is None or not entry.draining:
+            return [w for w in self._supervisor.workers_of(key) if w.routable]
+        draining = entry.draining
         return [w for w in self._supervisor.workers_of(key) if w.routable and w.id not in draining]
 
     def routable_ids(self, key: GroupKey) -> list[str]:
         """What the front may send requests to: routable and not being drained, the reception first."""
-        return [w.id for w in self._routable(key)]
+        return [w.id for w in self.routable(key)]
 
     @staticmethod
     def _occupancy(entry: _Group, worker_id: str) -> float:
         return entry.occupancy.get(worker_id, 0.0)
 
     def _views(self, key: GroupKey, entry: _Group) -> list[WorkerView]:
-        return [WorkerView(w.id, self._occupancy(entry, w.id)) for w in self._routable(key)]
+        return [WorkerView(w.id, self._occupancy(entry, w.id)) for w in self.routable(key)]
 
     def occupancies(self) -> Iterable[tuple[GroupKey, str, float]]:
         for key, entry in self._groups.items():
@@ -311,7 +312,7 @@ class PoolManager:
         if worker is None:
             return  # stopping, or the group is going: nothing to grow
         entry.spawning.add(worker.id)
-        self._record(entry, Decision(decision.kind, worker.id, decision.reason,
+        self._record(entry, PoolDecision(decision.kind, worker.id, decision.reason,
                                      {**decision.numbers, "budget": budget.numbers()}))
         log.info("pool %s: scale-up to %d workers (%s)", "/".join(key), self._supervisor.held(key), decision.reason)
 
@@ -344,7 +345,6 @@ class PoolManager:
         for user, target in plan.moves.items():
             self._surface.assign(user, target, now)
         entry.draining.add(plan.retire)
-        self.draining.add(plan.retire)
         log.info("pool %s: compaction: draining %s (%d users moved)", "/".join(key), plan.retire, len(plan.moves))
         self._spawn(self._retire(key, entry, plan.retire))
 
@@ -374,12 +374,11 @@ class PoolManager:
         try:
             cut = await self.wait_drained([worker_id], entry.pool.drain_timeout)
             reason = f"drain timeout: cut {cut[worker_id]}" if cut else "drained: nothing open on it"
-            self._record(entry, Decision("retire", worker_id, reason,
+            self._record(entry, PoolDecision("retire", worker_id, reason,
                                          {"waited_seconds": round(self._clock() - started, 3)}))
             await self._supervisor.retire(worker_id)
         finally:
             entry.draining.discard(worker_id)
-            self.draining.discard(worker_id)
             self.forget_worker(worker_id)
 
     async def wait_drained(self, worker_ids: Sequence[str], drain_timeout: float) -> dict[str, str]:
@@ -445,7 +444,7 @@ class PoolManager:
             return
         log.error("pool %s: worker %s (pid %s) is hung: %s %s; killing and replacing it", "/".join(key),
                   worker.id, worker.pid, hung.reason, hung.numbers)
-        self._record(entry, Decision("hung", worker.id, hung.reason, {**hung.numbers, "pid": worker.pid}))
+        self._record(entry, PoolDecision("hung", worker.id, hung.reason, {**hung.numbers, "pid": worker.pid}))
         self.forget_worker(worker.id)
         self._spawn(self._supervisor.replace_worker(worker.id))
 
@@ -464,7 +463,7 @@ class PoolManager:
 
     # ------------------------------------------------------------------ visibility
 
-    def describe(self, tenant: str, app: str, users_of: Callable[[str], list[str]]) -> dict[str, Any]:
+    def describe(self, tenant: str, app: str, users_of: Callable[[str], list[dict[str, Any]]]) -> dict[str, Any]:
         groups = {}
         for (t, a, g), entry in self._groups.items():
             if (t, a) != (tenant, app):
@@ -512,7 +511,7 @@ class PoolManager:
 
     # ------------------------------------------------------------------ helpers
 
-    def _record(self, entry: _Group, decision: Decision) -> None:
+    def _record(self, entry: _Group, decision: PoolDecision) -> None:
         entry.journal.record(self._wall(), decision)
 
     def _spawn(self, coroutine: Any) -> None:
@@ -520,9 +519,8 @@ class PoolManager:
 
 
 def _key_of(worker_id: str) -> GroupKey | None:
-    """Worker ids are tenant.app.group.N, and names cannot hold a dot."""
-    parts = worker_id.split(".")
-    return (parts[0], parts[1], parts[2]) if len(parts) == 4 else None
+    parts = parse_worker_id(worker_id)
+    return parts.group_key if parts is not None else None
 
 
 def loads_for(worker_occupancy: float, deltas: Mapping[str, float]) -> dict[str, float]:

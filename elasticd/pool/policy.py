@@ -22,10 +22,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticd.model import Pool
+from elasticd.config.model import PoolSettings
 from elasticd.pool.budget import Hold
 
-__all__ = ["Decision", "WorkerView", "admit", "check_capacity", "next_hold", "place_login"]
+__all__ = ["PoolDecision", "WorkerView", "admit", "check_capacity", "next_hold", "place_login"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,7 @@ class WorkerView:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class PoolDecision:
     kind: str  # keep | pass | admit | fallback | scale-up | held | compaction | retire | hung
     worker: str | None
     reason: str
@@ -46,7 +46,7 @@ def _occupancies(workers: Sequence[WorkerView]) -> dict[str, float]:
     return {w.id: round(w.occupancy, 4) for w in workers}
 
 
-def admit(workers: Sequence[WorkerView], pool: Pool) -> Decision:
+def admit(workers: Sequence[WorkerView], pool: PoolSettings) -> PoolDecision:
     """Rule 2 over the routable workers; the reception (``workers[0]``) is never a candidate."""
     others = list(workers[1:])
     if not others:
@@ -55,14 +55,14 @@ def admit(workers: Sequence[WorkerView], pool: Pool) -> Decision:
     under = [w for w in others if w.occupancy < pool.admission_threshold]
     if under:
         best = min(under, key=lambda w: w.occupancy)
-        return Decision("admit", best.id, f"least occupied worker under {pool.admission_threshold:g}", numbers)
-    return Decision("fallback", others[-1].id,
+        return PoolDecision("admit", best.id, f"least occupied worker under {pool.admission_threshold:g}", numbers)
+    return PoolDecision("fallback", others[-1].id,
                     f"no worker under {pool.admission_threshold:g}: placed on the last one, the group must grow",
                     numbers)
 
 
-def place_login(workers: Sequence[WorkerView], pool: Pool, *, current: str | None = None,
-                placed: bool = False) -> list[Decision]:
+def place_login(workers: Sequence[WorkerView], pool: PoolSettings, *, current: str | None = None,
+                placed: bool = False) -> list[PoolDecision]:
     """Rule 1 (then rule 2 when the reception passes). The last decision names the worker the user lives on.
 
     ``current``: the worker the user is on now; ``placed``: it was logged in before this login. A user
@@ -75,15 +75,15 @@ def place_login(workers: Sequence[WorkerView], pool: Pool, *, current: str | Non
     numbers = {"reception": reception.id, "occupancy": round(reception.occupancy, 4),
                "reception_threshold": pool.reception_threshold, "workers": len(workers)}
     if len(workers) == 1:
-        return [Decision("keep", reception.id, "a group of one always keeps", numbers)]
+        return [PoolDecision("keep", reception.id, "a group of one always keeps", numbers)]
     if reception.occupancy < pool.reception_threshold:
-        return [Decision("keep", reception.id, f"reception under {pool.reception_threshold:g}", numbers)]
-    passed = Decision("pass", None, f"reception at or over {pool.reception_threshold:g}", numbers)
+        return [PoolDecision("keep", reception.id, f"reception under {pool.reception_threshold:g}", numbers)]
+    passed = PoolDecision("pass", None, f"reception at or over {pool.reception_threshold:g}", numbers)
     return [passed, admit(workers, pool)]
 
 
-def check_capacity(workers: Sequence[WorkerView], pool: Pool, *, spawning: int, held: int | None = None,
-                   holds: Sequence[Hold] = (), measuring: bool = False) -> Decision | None:
+def check_capacity(workers: Sequence[WorkerView], pool: PoolSettings, *, spawning: int, held: int | None = None,
+                   holds: Sequence[Hold] = (), measuring: bool = False) -> PoolDecision | None:
     """Rule 3: a scale-up (or ``held``) decision, or None when the group places well or a guard holds.
 
     ``workers``: the routable ones; ``held``: every worker the supervisor holds for the group and has not
@@ -111,12 +111,12 @@ def check_capacity(workers: Sequence[WorkerView], pool: Pool, *, spawning: int, 
     if holds:
         limits = {hold.resource: dict(hold.numbers) for hold in holds}
         because = "; ".join(hold.reason for hold in holds)
-        return Decision("held", None, f"{reason}, but held by the tenant's limit: {because}",
+        return PoolDecision("held", None, f"{reason}, but held by the tenant's limit: {because}",
                         {**numbers, "limits": limits})
-    return Decision("scale-up", None, reason, numbers)
+    return PoolDecision("scale-up", None, reason, numbers)
 
 
-def next_hold(bound: frozenset[str], binding: Sequence[Hold], decision: Decision | None, *,
+def next_hold(bound: frozenset[str], binding: Sequence[Hold], decision: PoolDecision | None, *,
               measuring: bool) -> tuple[frozenset[str], bool]:
     """The resources holding a group after this check, and whether that is a new hold (for the journal).
 

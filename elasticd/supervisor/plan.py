@@ -43,11 +43,6 @@ class Plan:
     resize: list[GroupKey] = field(default_factory=list)  # same spec, a size outside the new bounds
     keep: list[GroupKey] = field(default_factory=list)  # untouched: same processes
 
-    def removed_apps(self, desired: Mapping[GroupKey, Desired]) -> set[tuple[str, str]]:
-        """(tenant, app) pairs whose every group goes away: their leaves can be removed once drained."""
-        remaining = {(t, a) for t, a, _ in desired}
-        return {(t, a) for t, a, _ in self.stop if (t, a) not in remaining}
-
 
 def plan(running: Mapping[GroupKey, Running], desired: Mapping[GroupKey, Desired]) -> Plan:
     """The pool sizes groups between their bounds; a reload resizes a group only when its size left them."""

@@ -26,7 +26,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from elasticd.config import App, Group, RunAs
+from elasticd.config.model import App, Group, RunAs
+from elasticd.worker_ids import parse_worker_id
 
 __all__ = ["TRAMPOLINE", "UMASK", "WorkerSpec", "permits", "privileges", "runnable", "socket_dir", "socket_path",
            "spawn_argv", "spec_for", "worker_env"]
@@ -113,8 +114,10 @@ def socket_dir(runtime_dir: str, tenant: str) -> str:
 def socket_path(runtime_dir: str, worker_id: str) -> str:
     """``<runtime_dir>/workers/<tenant>/<app>.<group>.<N>.sock`` for worker tenant.app.group.N (names cannot hold
     a dot): the tenant is the directory, not repeated in the name (sun_path holds 107 bytes)."""
-    tenant, _, rest = worker_id.partition(".")
-    return os.path.join(socket_dir(runtime_dir, tenant), f"{rest}.sock")
+    parts = parse_worker_id(worker_id)
+    if parts is None:
+        raise ValueError(f"{worker_id!r} is not a worker id (tenant.app.group.N)")
+    return os.path.join(socket_dir(runtime_dir, parts.tenant), f"{parts.app}.{parts.group}.{parts.number}.sock")
 
 
 def permits(st: os.stat_result, uid: int, gid: int, want: int) -> bool:

@@ -23,10 +23,11 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from elasticd.background import Background
-from elasticd.config import Config, RunAs
+from elasticd.config.model import Config, RunAs
 from elasticd.supervisor.plan import Desired, GroupKey, Plan, Running, plan
 from elasticd.supervisor.spawn import WorkerSpec, socket_dir, spec_for
 from elasticd.supervisor.worker import Worker
+from elasticd.worker_ids import format_worker_id
 
 __all__ = ["ApplyResult", "Supervisor"]
 
@@ -201,7 +202,7 @@ class Supervisor:
     def _new_worker(self, key: GroupKey, entry: _Group, spec: WorkerSpec) -> Worker:
         number = self._counters[key] = self._counters.get(key, 0) + 1
         tenant, app, group = key
-        worker = Worker(f"{tenant}.{app}.{group}.{number}", tenant, app, group, spec,
+        worker = Worker(format_worker_id(tenant, app, group, number), tenant, app, group, spec,
                         runtime_dir=self.runtime_dir, occupancy_interval=self.occupancy_interval)
         worker.on_state = self.on_worker_state
         self._alive[worker.id] = worker  # before it starts: from here on, stop_all reaches it

@@ -10,7 +10,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from elasticd.config import parse_config
-from elasticd.config_edit import LimitEdit, PersistError, changed_lines, check_edit, edit_text
+from elasticd.limits.splice import LimitEdit, PersistError, changed_lines, check_edit, edit_text
 
 ROOT = Path(__file__).resolve().parent.parent
 

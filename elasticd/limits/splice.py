@@ -1,7 +1,7 @@
 """The pure half of ``--persist``: splice a tenant's new limits into the config text, and prove the result.
 
 ``edit_text`` (text in, edited text out) and ``check_edit`` (does the edited text load, and does it mean the
-old document with exactly these values set?). No I/O, no clock; ``persist.py`` is the file shell around it.
+old document with exactly these values set?). No I/O, no clock; ``persist`` is the file shell around it.
 
 Why splice the text instead of dumping ruamel's round-trip model? ruamel's dumper re-emits the whole
 document: one indentation setting for every level (a file with 4-space levels, or with ``-`` items at the

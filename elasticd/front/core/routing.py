@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from elasticd.config import Config
+from elasticd.config.model import Config
 
 __all__ = ["AppRoute", "RouteTable", "normalize_host"]
 

@@ -17,8 +17,17 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
-__all__ = ["COOKIE", "PlaceFn", "Surface", "SurfaceUser", "Worker", "new_user_id", "place", "set_cookie_line",
-           "user_from_cookie"]
+__all__ = [
+    "COOKIE",
+    "PlaceFn",
+    "RoutableWorker",
+    "Surface",
+    "SurfaceUser",
+    "new_user_id",
+    "place",
+    "set_cookie_line",
+    "user_from_cookie",
+]
 
 COOKIE = "elastic_uid"
 _NEEDLE = COOKIE.encode() + b"="
@@ -165,7 +174,7 @@ class Surface:
         return ((user, entry) for user, entry in list(self.users.items()) if entry.worker == worker)
 
 
-class Worker(Protocol):
+class RoutableWorker(Protocol):
     """What placement sees of a routable worker (``front.Upstream`` is one)."""
 
     @property
@@ -174,10 +183,10 @@ class Worker(Protocol):
 
 # (user or None for a brand-new one, the surface, the group's routable workers in their stable order) → the
 # chosen worker's id
-PlaceFn = Callable[[str | None, Surface, Sequence[Worker]], str]
+PlaceFn = Callable[[str | None, Surface, Sequence[RoutableWorker]], str]
 
 
-def place(user: str | None, surface: Surface, routable: Sequence[Worker]) -> str:
+def place(user: str | None, surface: Surface, routable: Sequence[RoutableWorker]) -> str:
     """Where a user goes that the surface has no routable worker for: the reception, the group's first
     routable worker (seed 000: every user is born there; the pool's admission policy replaces this)."""
     if not routable:

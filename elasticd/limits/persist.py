@@ -1,6 +1,6 @@
 """``elasticctl limit … --persist``: write a tenant's run-time limits into its ``resources`` in the config file.
 
-The file shell around ``config_edit`` (the pure splice and its proof): ``persist_limits`` reads the file, runs
+The file shell around ``splice`` (the pure splice and its proof): ``persist_limits`` reads the file, runs
 the pure half, and replaces the file atomically under a lock, keeping the old one as ``<file>.bak.<UTC time>``.
 """
 
@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from secrets import token_hex
 
-from elasticd.config_edit import (
+from elasticd.limits.splice import (
     LimitEdit,
     PersistError,
     PersistResult,

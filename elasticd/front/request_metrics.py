@@ -15,19 +15,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-from elasticd.front.accounting import BOUNDS, Accounting
-from elasticd.front.quota import CONCURRENCY, RATE
+from elasticd.front.core.counters import BOUNDS, ForwardCounters
+from elasticd.front.core.quota import CONCURRENCY, RATE
 
 __all__ = ["FrontCollector"]
 
 _LE = [repr(b) for b in BOUNDS] + ["+Inf"]
 
 
-class FrontCollector:
+class FrontCollector(Collector):
     __slots__ = ("_accounting", "_tenants")
 
-    def __init__(self, accounting: Accounting, tenants: Callable[[], Iterable[str]]) -> None:
+    def __init__(self, accounting: ForwardCounters, tenants: Callable[[], Iterable[str]]) -> None:
         self._accounting = accounting
         self._tenants = tenants  # the configured tenants, for the zero-valued rejection series
 

@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample as PromSample
 
-from elasticd.config import Resources
+from elasticd.config.model import Resources
 
 from .sample import MEMORY_EVENTS, Sample
 
@@ -90,7 +91,7 @@ def _limit_families(prefix: str, limits: Mapping[str, Resources]) -> Iterator[Me
         yield family
 
 
-class AccountingCollector:
+class AccountingCollector(Collector):
     """The elasticd_tenant_* and elasticd_app_* families, from the sampler's latest pass and the limits in
     force (``limits_provider``: tenant → Resources, run-time overrides included)."""
 

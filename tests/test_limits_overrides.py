@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from elasticd.config import ConfigError, Resources
-from elasticd.overrides import describe, effective, parse_limit_request
+from elasticd.limits.overrides import describe, effective, parse_limit_request
 
 
 @pytest.mark.parametrize(("body", "values", "persist"), [

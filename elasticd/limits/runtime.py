@@ -2,7 +2,7 @@
 
 An override lives in memory, is written to the tenant's cgroup files at once and again after every reload,
 and ends with the process. ``persist`` instead writes the operator's values into the config file (see
-``persist.py``) and reloads through the same path as ``systemctl reload``: under systemd, through systemd
+``persist``) and reloads through the same path as ``systemctl reload``: under systemd, through systemd
 itself, so its view of the service and the RELOADING=1/READY=1 pair stay right. The persisted value then
 comes from the file, so it stops being an override.
 """
@@ -12,15 +12,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from elasticd.cgroup.discovery import parse_proc_cgroup
 from elasticd.config import Config, ConfigError
-from elasticd.overrides import describe, effective, parse_limit_request
-from elasticd.persist import LimitEdit, PersistError, persist_limits
+from elasticd.limits.overrides import describe, effective, parse_limit_request
+from elasticd.limits.persist import LimitEdit, PersistError, persist_limits
 
 __all__ = ["LimitsReply", "RuntimeLimits", "systemd_unit"]
 
@@ -71,15 +71,16 @@ class RuntimeLimits:
             return LimitsReply(404, {"error": f'no tenant "{tenant}" in the running configuration'})
         async with self._lock:
             if request.persist:
-                return await self._persist(tenant, request.typed, set(request.values))
+                return await self._persist(tenant, request.typed, frozenset(request.values))
             self.overrides.setdefault(tenant, {}).update(request.values)
             problems = self._write(tenant)
             log.info("tenant %s: limits overridden until elasticd restarts: %s", tenant,
                      ", ".join(f"{k}={v}" for k, v in request.typed.items()))
             return LimitsReply(200, self._reply(tenant, problems, persisted=False))
 
-    async def _persist(self, tenant: str, typed: dict[str, Any], attrs: set[str]) -> LimitsReply:
-        edit = LimitEdit(**{k: (v if k == "io_weight" else str(v)) for k, v in typed.items()})
+    async def _persist(self, tenant: str, typed: Mapping[str, Any], attrs: frozenset[str]) -> LimitsReply:
+        fields: dict[str, Any] = {k: (v if k == "io_weight" else str(v)) for k, v in typed.items()}
+        edit = LimitEdit(**fields)
         try:
             result = await asyncio.to_thread(persist_limits, self.config_path, tenant, edit)
         except PersistError as exc:

@@ -15,11 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from elasticd.cgroup.mode import Decision, decide, probe
+from elasticd.cgroup.mode import ModeDecision, decide, probe
 from elasticd.cgroup.tree import CgroupTree
-from elasticd.config import CgroupSettings, Config, Resources
+from elasticd.config.model import CgroupSettings, Config, Resources
 
-__all__ = ["CgroupRefused", "Placement"]
+__all__ = ["Activation", "CgroupRefused"]
 
 log = logging.getLogger("elasticd.cgroup")
 
@@ -32,12 +32,12 @@ class CgroupRefused(Exception):
     """``cgroups.mode: required`` and the base cannot be used: elasticd must not start."""
 
 
-class Placement:
+class Activation:
     __slots__ = ("base", "decision", "tree")
 
     def __init__(self) -> None:
         self.tree: CgroupTree | None = None
-        self.decision: Decision | None = None
+        self.decision: ModeDecision | None = None
         self.base: str | None = None
 
     @property
@@ -66,7 +66,7 @@ class Placement:
             if settings.mode == "required":
                 raise CgroupRefused(message) from None
             log.warning("%s; serving without enforcement", message)
-            self.decision = Decision(enforce=False, refuse=None, warning=message)
+            self.decision = ModeDecision(enforce=False, refuse=None, warning=message)
             return
         self.tree = tree
         log.info("cgroups enforced under %s", found.base)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from elasticd.config import RESOURCE_FIELDS, ConfigError, ConfigIssue, Resources
-from elasticd.units import UnitError, format_size
+from elasticd.config.units import UnitError, format_size
 
 __all__ = ["OVERRIDABLE", "LimitRequest", "describe", "effective", "format_limit", "parse_limit_request"]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from elasticd.pool.manager import LIMITED_RESOURCES, PoolManager
 
@@ -14,7 +15,7 @@ __all__ = ["PoolCollector"]
 DECISIONS = ("keep", "pass", "admit", "fallback", "scale-up", "held", "compaction", "retire", "hung")
 
 
-class PoolCollector:
+class PoolCollector(Collector):
     __slots__ = ("_pool",)
 
     def __init__(self, pool: PoolManager) -> None:

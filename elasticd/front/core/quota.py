@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from elasticd.config import Quotas
+from elasticd.config.model import Quotas, default_burst
 
 __all__ = ["CONCURRENCY", "RATE", "ConcurrencyGate", "QuotaBook", "Refusal", "TenantQuota", "TokenBucket",
            "retry_after"]
@@ -143,7 +143,7 @@ def _burst(quotas: Quotas) -> int:
     # The config fills burst in (one second's worth) when only the rate is given; be as kind to callers
     # that build Quotas by hand.
     assert quotas.requests_per_second is not None
-    return quotas.burst if quotas.burst is not None else max(1, math.ceil(quotas.requests_per_second))
+    return quotas.burst if quotas.burst is not None else default_burst(quotas.requests_per_second)
 
 
 def _bucket(quotas: Quotas, now: float) -> TokenBucket | None:

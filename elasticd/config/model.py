@@ -1,15 +1,16 @@
 """The configuration model: immutable data, what every part of elasticd reads.
 
-``config.py`` builds it from YAML (and validates it); nothing else constructs it outside tests.
+``config/load.py`` builds it from YAML (and validates it); nothing else constructs it outside tests.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["Address", "App", "CgroupSettings", "Config", "Group", "Pool", "Quotas", "Resources", "RunAs", "Server",
-           "Tenant"]
+__all__ = ["Address", "App", "CgroupSettings", "Config", "Group", "PoolSettings", "Quotas", "Resources", "RunAs",
+           "Server", "Tenant", "default_burst"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +62,16 @@ class Resources:
 class Quotas:
     max_concurrent_requests: int | None = None
     requests_per_second: float | None = None
-    burst: int | None = None
+    burst: int | None = None  # None with a rate: default_burst(rate)
+
+
+def default_burst(requests_per_second: float) -> int:
+    """A token bucket's size when the file names a rate and no burst: one second's worth of requests."""
+    return max(1, math.ceil(requests_per_second))
 
 
 @dataclass(frozen=True, slots=True)
-class Pool:
+class PoolSettings:
     min_workers: int = 1
     max_workers: int | None = 4  # None (`null` or "max" in the file): unbounded, as seed 000 says
     reception_threshold: float = 0.5
@@ -89,7 +95,7 @@ class Group:
     python: str | None = None  # None: elasticd's own interpreter
     env: Mapping[str, str] = field(default_factory=dict)
     concurrency: int = 8
-    pool: Pool = Pool()
+    pool: PoolSettings = PoolSettings()
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from elasticd.config import parse_config
-from elasticd.persist import LimitEdit, PersistError, persist_limits
+from elasticd.limits.persist import LimitEdit, PersistError, persist_limits
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = datetime(2026, 10, 5, 12, 34, 56, tzinfo=UTC)
@@ -184,7 +184,7 @@ def test_a_failed_rename_takes_the_backup_back(config, monkeypatch):
 
 
 def test_a_file_changed_by_someone_else_meanwhile_is_not_overwritten(config, monkeypatch):
-    from elasticd import persist
+    from elasticd.limits import persist
 
     real = persist.check_edit
 
@@ -239,7 +239,7 @@ async def test_many_calls_through_asyncio_to_thread_all_land(config, monkeypatch
 
 CHILD = """
 import os, signal, sys, time
-from elasticd.persist import LimitEdit, persist_limits
+from elasticd.limits.persist import LimitEdit, persist_limits
 
 how, path, key, value = sys.argv[1:]
 if how == "slow":

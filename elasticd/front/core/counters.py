@@ -17,9 +17,9 @@ from bisect import bisect_left
 from collections.abc import Iterator
 from typing import Protocol
 
-from elasticd.front.sticky import SurfaceUser
+from elasticd.front.core.sticky import SurfaceUser
 
-__all__ = ["BOUNDS", "Accounting", "OpenRequest", "RouteStats", "WorkerCounters"]
+__all__ = ["BOUNDS", "ForwardCounters", "OpenRequest", "RouteStats", "WorkerCounters"]
 
 # Prometheus' default buckets: fine where a proxied request lives (ms to seconds).
 BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -31,8 +31,11 @@ class OpenRequest(Protocol):
     user: str | None
     worker: str | None
     ts: float
-    live: bool  # still relaying to or from the worker
     started: bool  # the worker's answer has begun
+
+    @property
+    def live(self) -> bool:  # still relaying to or from the worker
+        ...
 
 
 class WorkerCounters:
@@ -74,7 +77,7 @@ class RouteStats:
         self.sum += seconds
 
 
-class Accounting:
+class ForwardCounters:
     __slots__ = ("_next_id", "open", "rejections", "routes", "workers")
 
     def __init__(self) -> None:

@@ -1,0 +1,375 @@
+"""The sections of the configuration and its entry points: YAML text in, a validated Config out.
+
+Validation is pure (text in, model or ``ConfigError`` out) and reports every problem of a file at once, each
+naming its key path and line, e.g. ``tenants.acme.resources.cpu (line 14): "15O%" is not a percentage``.
+Reload and ``--check`` go through the same function, so "valid" means one thing.
+"""
+
+from __future__ import annotations
+
+import grp
+import io
+import pwd
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError
+
+from elasticd.config.checks import check_document
+from elasticd.config.model import (
+    App,
+    CgroupSettings,
+    Config,
+    Group,
+    PoolSettings,
+    Quotas,
+    Resources,
+    RunAs,
+    Server,
+    Tenant,
+    default_burst,
+)
+from elasticd.config.units import parse_cpu, parse_size
+from elasticd.config.walk import (
+    ConfigError,
+    ConfigIssue,
+    Walk,
+    absolute_path,
+    address,
+    duration,
+    fraction,
+    integer,
+    join,
+    kind,
+    mode,
+    positive_number,
+    share,
+    string,
+)
+
+__all__ = ["NAME_RE", "RESOURCE_FIELDS", "ResourceField", "load_config", "parse_config"]
+
+# Tenant, app and group names become cgroup directory names: nothing may escape the base.
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_HOST_RE = re.compile(r"^(?=.{1,253}$)[a-z0-9*]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+# --------------------------------------------------------------------------------------------- sections
+
+_SERVER_KEYS = ("listen", "metrics_listen", "admin_socket", "admin_group", "runtime_dir", "cgroups",
+                "sample_interval", "occupancy_interval", "request_timeout", "stop_timeout", "user_ttl",
+                "hung_after")
+_TENANT_KEYS = ("user", "group", "resources", "quotas", "apps")
+_RESOURCE_KEYS = ("cpu", "memory", "swap", "pids", "io_weight", "io_bandwidth")
+_QUOTA_KEYS = ("max_concurrent_requests", "requests_per_second", "burst")
+_APP_KEYS = ("domains", "root", "default_group", "groups")
+_GROUP_KEYS = ("command", "python", "env", "concurrency", "pool")
+_POOL_KEYS = ("min_workers", "max_workers", "reception_threshold", "admission_threshold",
+              "compaction_margin", "memory_limit", "drain_timeout", "cpu_held_at", "throttled_held_at",
+              "memory_held_at", "pids_held_at")
+
+
+def _server(walk: Walk, node: Any, line: int | None) -> Server:
+    m = walk.mapping(node, "server", line, _SERVER_KEYS)
+    d = Server()
+    cg = walk.mapping(m.get("cgroups"), "server.cgroups", walk.key_line(m, "cgroups"), ("mode", "path"))
+    cgroups = CgroupSettings(
+        mode=walk.value(cg, "mode", "server.cgroups", mode, "auto"),
+        path=walk.value(cg, "path", "server.cgroups", absolute_path, None),
+    )
+    occupancy_interval = walk.value(m, "occupancy_interval", "server", duration, d.occupancy_interval)
+    hung_after = walk.value(m, "hung_after", "server", duration, d.hung_after)
+    # Three reports missed is the least evidence of silence; a shorter hung_after would kill workers whose
+    # reports are merely late. Said, not silently raised: the operator asked for something that cannot hold.
+    if hung_after < 3 * occupancy_interval - 1e-9:  # (3 * 200ms is 0.6000000000000001 in floats)
+        where = "hung_after" if "hung_after" in m else "occupancy_interval"
+        walk.error(f"server.{where}", walk.key_line(m, where) or line,
+                   f"hung_after ({hung_after:g}s) must be at least 3 occupancy intervals "
+                   f"({3 * occupancy_interval:g}s): a worker is called hung only after 3 missed reports")
+    return Server(
+        listen=walk.value(m, "listen", "server", address, d.listen),
+        metrics_listen=walk.value(m, "metrics_listen", "server", address, d.metrics_listen),
+        admin_socket=walk.value(m, "admin_socket", "server", absolute_path, d.admin_socket),
+        admin_group=walk.value(m, "admin_group", "server", string, None),
+        runtime_dir=walk.value(m, "runtime_dir", "server", absolute_path, d.runtime_dir),
+        cgroups=cgroups,
+        sample_interval=walk.value(m, "sample_interval", "server", duration, d.sample_interval),
+        occupancy_interval=occupancy_interval,
+        request_timeout=walk.value(m, "request_timeout", "server", duration, d.request_timeout),
+        stop_timeout=walk.value(m, "stop_timeout", "server", duration, d.stop_timeout),
+        user_ttl=walk.value(m, "user_ttl", "server", duration, d.user_ttl),
+        hung_after=hung_after,
+    )
+
+
+def _nonzero_size(value: Any) -> int | None:
+    return parse_size(value, allow_zero=False)
+
+
+# Each tenant limit: its Resources attribute, where it sits under `resources:`, how its value is parsed, and its
+# default. The config loader and the run-time limits API both validate through this one table.
+@dataclass(frozen=True, slots=True)
+class ResourceField:
+    attr: str
+    keys: tuple[str, ...]
+    parse: Callable[[Any], Any]
+    default: Any = None
+
+    @property
+    def name(self) -> str:
+        return ".".join(self.keys)
+
+
+RESOURCE_FIELDS: tuple[ResourceField, ...] = (
+    ResourceField("cpu", ("cpu",), parse_cpu),
+    ResourceField("memory", ("memory",), _nonzero_size),
+    ResourceField("swap", ("swap",), parse_size, 0),
+    ResourceField("pids", ("pids",), integer(1, allow_max=True)),
+    ResourceField("io_weight", ("io_weight",), integer(1, 10000)),
+    ResourceField("io_read", ("io_bandwidth", "read"), _nonzero_size),
+    ResourceField("io_write", ("io_bandwidth", "write"), _nonzero_size),
+)
+
+
+def _resources(walk: Walk, node: Any, path: str, line: int | None) -> Resources:
+    m = walk.mapping(node, path, line, _RESOURCE_KEYS)
+    io = walk.mapping(m.get("io_bandwidth"), f"{path}.io_bandwidth", walk.key_line(m, "io_bandwidth"),
+                      ("read", "write"))
+    values = {}
+    for f in RESOURCE_FIELDS:
+        where, wpath = (io, f"{path}.io_bandwidth") if len(f.keys) == 2 else (m, path)
+        values[f.attr] = walk.value(where, f.keys[-1], wpath, f.parse, f.default)
+    return Resources(**values)
+
+
+def _quotas(walk: Walk, node: Any, path: str, line: int | None) -> Quotas:
+    m = walk.mapping(node, path, line, _QUOTA_KEYS)
+    rps = walk.value(m, "requests_per_second", path, positive_number, None)
+    burst = walk.value(m, "burst", path, integer(1), None)
+    if burst is not None and rps is None:
+        walk.error(f"{path}.burst", walk.key_line(m, "burst"), "needs requests_per_second beside it")
+    if rps is not None and burst is None:
+        burst = default_burst(rps)
+    return Quotas(
+        max_concurrent_requests=walk.value(m, "max_concurrent_requests", path, integer(1), None),
+        requests_per_second=rps,
+        burst=burst,
+    )
+
+
+def _pool(walk: Walk, node: Any, path: str, line: int | None) -> PoolSettings:
+    m = walk.mapping(node, path, line, _POOL_KEYS)
+    d = PoolSettings()
+    # `max_workers: null` (or "max") is unbounded, as in seed 000; only an absent key takes the default.
+    unbounded = "max_workers" in m and m["max_workers"] is None
+    pool = PoolSettings(
+        min_workers=walk.value(m, "min_workers", path, integer(1, 1000), d.min_workers),
+        max_workers=None if unbounded else walk.value(m, "max_workers", path, integer(1, 1000, allow_max=True),
+                                                      d.max_workers),
+        reception_threshold=walk.value(m, "reception_threshold", path, fraction, d.reception_threshold),
+        admission_threshold=walk.value(m, "admission_threshold", path, fraction, d.admission_threshold),
+        compaction_margin=walk.value(m, "compaction_margin", path, positive_number, d.compaction_margin),
+        memory_limit=walk.value(m, "memory_limit", path, lambda v: parse_size(v, allow_zero=False), None),
+        drain_timeout=walk.value(m, "drain_timeout", path, duration, d.drain_timeout),
+        cpu_held_at=walk.value(m, "cpu_held_at", path, share, d.cpu_held_at),
+        throttled_held_at=walk.value(m, "throttled_held_at", path, share, d.throttled_held_at),
+        memory_held_at=walk.value(m, "memory_held_at", path, share, d.memory_held_at),
+        pids_held_at=walk.value(m, "pids_held_at", path, share, d.pids_held_at),
+    )
+    if pool.max_workers is not None and pool.min_workers > pool.max_workers:
+        walk.error(f"{path}.min_workers", walk.key_line(m, "min_workers") or line,
+                   f"{pool.min_workers} is more than max_workers ({pool.max_workers})")
+    return pool
+
+
+def _command(walk: Walk, node: Any, path: str, line: int | None) -> tuple[str, ...]:
+    if not isinstance(node, CommentedSeq) or not node:
+        walk.error(path, line, "must be a non-empty list of arguments (argv, never a shell string), "
+                               f"not {kind(node) if node is not None else 'missing'}")
+        return ()
+    argv = []
+    for i, item in enumerate(node):
+        if isinstance(item, (CommentedMap, CommentedSeq)) or item is None or isinstance(item, bool):
+            walk.error(f"{path}[{i}]", walk.item_line(node, i) or line,
+                       f"{kind(item) if item is not None else 'null'} is not an argument string")
+            continue
+        text = str(item)
+        if "\0" in text:
+            walk.error(f"{path}[{i}]", walk.item_line(node, i) or line, "an argument cannot hold a NUL byte")
+        argv.append(text)
+    return tuple(argv)
+
+
+def _env(walk: Walk, node: Any, path: str, line: int | None) -> dict[str, str]:
+    m = walk.mapping(node, path, line, None)
+    env = {}
+    for key, value in m.items():
+        kpath, kline = join(path, key), walk.key_line(m, key)
+        if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
+            walk.error(kpath, kline, f"{kind(key)} is not an environment variable name")
+        elif key.startswith("ELASTIC_"):
+            walk.error(kpath, kline, "ELASTIC_* variables are set by elasticd for every worker")
+        elif isinstance(value, (CommentedMap, CommentedSeq)) or value is None:
+            walk.error(kpath, kline, "must be a string or a number")
+        elif "\0" in str(value):
+            walk.error(kpath, kline, "a value cannot hold a NUL byte")
+        else:
+            env[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    return env
+
+
+def _group(walk: Walk, name: str, node: Any, path: str, line: int | None) -> Group:
+    m = walk.mapping(node, path, line, _GROUP_KEYS)
+    return Group(
+        name=name,
+        command=_command(walk, m.get("command"), f"{path}.command", walk.key_line(m, "command") or line),
+        python=walk.value(m, "python", path, absolute_path, None),
+        env=_env(walk, m.get("env"), f"{path}.env", walk.key_line(m, "env")),
+        concurrency=walk.value(m, "concurrency", path, integer(1, 100000), 8),
+        pool=_pool(walk, m.get("pool"), f"{path}.pool", walk.key_line(m, "pool")),
+    )
+
+
+def _named(walk: Walk, node: CommentedMap, path: str, what: str) -> Iterator[tuple[str, Any, str, int | None]]:
+    for key, child in node.items():
+        line = walk.key_line(node, key)
+        kpath = join(path, key)
+        if not isinstance(key, str) or not NAME_RE.match(key):
+            walk.error(kpath, line, f"{kind(key)} is not a valid {what} name "
+                                    "(lowercase letters, digits, '_' and '-', starting with a letter or digit, "
+                                    "at most 63 characters)")
+            continue
+        yield key, child, kpath, line
+
+
+def _app(walk: Walk, name: str, node: Any, path: str, line: int | None) -> App:
+    m = walk.mapping(node, path, line, _APP_KEYS)
+    domains: list[str] = []
+    dnode = m.get("domains")
+    dline = walk.key_line(m, "domains") or line
+    if not isinstance(dnode, CommentedSeq) or not dnode:
+        walk.error(f"{path}.domains", dline, "must be a non-empty list of host names")
+    else:
+        for i, item in enumerate(dnode):
+            host = str(item).strip().lower() if isinstance(item, str) else None
+            if host is None or not _HOST_RE.match(host):
+                walk.error(f"{path}.domains[{i}]", walk.item_line(dnode, i) or dline,
+                           f"{kind(item)} is not a host name")
+            else:
+                domains.append(host)
+    root = walk.value(m, "root", path, absolute_path, "")
+    if "root" not in m:
+        walk.error(f"{path}.root", line, "is required (the application's directory)")
+    groups: dict[str, Group] = {}
+    gnode = walk.mapping(m.get("groups"), f"{path}.groups", walk.key_line(m, "groups") or line, None)
+    if not gnode:
+        walk.error(f"{path}.groups", walk.key_line(m, "groups") or line, "must define at least one group")
+    for gname, child, gpath, gline in _named(walk, gnode, f"{path}.groups", "group"):
+        groups[gname] = _group(walk, gname, child, gpath, gline)
+    default = walk.value(m, "default_group", path, string, None)
+    if default is None:
+        default = next(iter(groups), "")
+    elif groups and default not in groups:
+        walk.error(f"{path}.default_group", walk.key_line(m, "default_group"),
+                   f'"{default}" is not one of its groups ({", ".join(groups)})')
+    return App(name=name, domains=tuple(domains), root=root, default_group=default, groups=groups)
+
+
+def _tenant(walk: Walk, name: str, node: Any, path: str, line: int | None) -> Tenant:
+    m = walk.mapping(node, path, line, _TENANT_KEYS)
+    apps: dict[str, App] = {}
+    anode = walk.mapping(m.get("apps"), f"{path}.apps", walk.key_line(m, "apps"), None)
+    for aname, child, apath, aline in _named(walk, anode, f"{path}.apps", "app"):
+        apps[aname] = _app(walk, aname, child, apath, aline)
+    return Tenant(
+        name=name,
+        resources=_resources(walk, m.get("resources"), f"{path}.resources", walk.key_line(m, "resources")),
+        quotas=_quotas(walk, m.get("quotas"), f"{path}.quotas", walk.key_line(m, "quotas")),
+        apps=apps,
+        run_as=_run_as(walk, m, path),
+    )
+
+
+def _run_as(walk: Walk, m: CommentedMap, path: str) -> RunAs | None:
+    """``user`` (a name or uid) and ``group`` (default: the user's primary group), looked up in the system's
+    user database: a name that does not resolve now is a worker that could never start. Root is refused unless
+    it is written as ``user: root``: a tenant that runs as root can undo its own limits, so it must be meant."""
+    if "user" not in m or m["user"] is None:
+        if "group" in m and m["group"] is not None:
+            walk.error(f"{path}.group", walk.key_line(m, "group"), "needs user beside it")
+        return None
+    raw, line = m["user"], walk.key_line(m, "user")
+    entry = _lookup(raw, pwd.getpwuid, pwd.getpwnam)
+    if entry is None:
+        walk.error(f"{path}.user", line, f"{kind(raw)} is not a user on this host (see getent passwd)")
+        return None
+    if entry.pw_uid == 0 and raw != "root":
+        walk.error(f"{path}.user", line, f"{kind(raw)} is root: write user: root if the tenant is meant to run "
+                                         "as root (its workers could then undo their own limits)")
+        return None
+    gid = entry.pw_gid
+    try:
+        group_name = grp.getgrgid(gid).gr_name
+    except KeyError:  # a primary gid with no name in the group database: the number is all there is
+        group_name = str(gid)
+    if "group" in m and m["group"] is not None:
+        graw = m["group"]
+        g = _lookup(graw, grp.getgrgid, grp.getgrnam)
+        if g is None:
+            walk.error(f"{path}.group", walk.key_line(m, "group"),
+                       f"{kind(graw)} is not a group on this host (see getent group)")
+            return None
+        group_name, gid = g.gr_name, g.gr_gid
+    return RunAs(entry.pw_name, entry.pw_uid, group_name, gid, entry.pw_dir)
+
+
+def _lookup(raw: Any, by_id: Callable[[int], Any], by_name: Callable[[str], Any]) -> Any:
+    """A user or group database entry by number or name; None when there is none."""
+    try:
+        return by_id(raw) if isinstance(raw, int) and not isinstance(raw, bool) else by_name(str(raw))
+    except (KeyError, OverflowError):
+        return None
+
+
+# --------------------------------------------------------------------------------------------- entry points
+
+
+def parse_config(text: str, source: str = "<string>") -> Config:
+    """Validate YAML text into a Config, or raise ConfigError listing every problem found."""
+    yaml = YAML(typ="rt")
+    try:
+        doc = yaml.load(io.StringIO(text))
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        raise ConfigError([ConfigIssue("", line, f"not valid YAML: {exc.problem or exc.context}")],
+                          source) from None
+    except Exception as exc:  # ruamel raises a few unmarked errors (e.g. on bad tags)
+        raise ConfigError([ConfigIssue("", None, f"not valid YAML: {exc}")], source) from None
+    walk = Walk()
+    top = walk.mapping(doc if doc is not None else CommentedMap(), "", 1, ("server", "tenants"))
+    server = _server(walk, top.get("server"), walk.key_line(top, "server"))
+    tenants: dict[str, Tenant] = {}
+    tnode = walk.mapping(top.get("tenants"), "tenants", walk.key_line(top, "tenants"), None)
+    for tname, child, tpath, tline in _named(walk, tnode, "tenants", "tenant"):
+        tenants[tname] = _tenant(walk, tname, child, tpath, tline)
+    if not walk.issues:
+        check_document(walk, server, tenants, top)
+    if walk.issues:
+        raise ConfigError(walk.issues, source)
+    return Config(server=server, tenants=tenants, source=source)
+
+
+def load_config(path: str | Path) -> Config:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([ConfigIssue("", None, f"cannot read {path}: {exc}")], str(path)) from None
+    return parse_config(text, str(path))

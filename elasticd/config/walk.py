@@ -1,0 +1,199 @@
+"""The walk over a YAML document: issues collected with their key path and line (every problem of a file at
+once), and the scalar readers each key's value goes through. Pure: no file is read here."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+from elasticd.config.model import Address
+from elasticd.config.units import UnitError, parse_duration
+
+__all__ = ["CGROUP_MODES", "ConfigError", "ConfigIssue", "Walk", "absolute_path", "address", "duration", "fraction",
+           "integer", "join", "kind", "mode", "positive_number", "share", "string"]
+
+CGROUP_MODES = ("auto", "required", "off")
+
+
+# --------------------------------------------------------------------------------------------- errors
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigIssue:
+    path: str
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        if self.path:
+            where = f"{self.path} (line {self.line})" if self.line else self.path
+        else:
+            where = f"line {self.line}" if self.line else "config"
+        return f"{where}: {self.message}"
+
+
+class ConfigError(Exception):
+    def __init__(self, issues: list[ConfigIssue], source: str = "<string>") -> None:
+        self.issues = issues
+        self.source = source
+        super().__init__("\n".join(str(i) for i in issues))
+
+
+# --------------------------------------------------------------------------------------------- the walk
+
+
+class Walk:
+    """Collects issues while the model is built, so one pass reports everything wrong with a file."""
+
+    __slots__ = ("issues",)
+
+    def __init__(self) -> None:
+        self.issues: list[ConfigIssue] = []
+
+    def error(self, path: str, line: int | None, message: str) -> None:
+        self.issues.append(ConfigIssue(path, line, message))
+
+    # A node's line: ruamel keeps 0-based positions per key (``lc.key``) and per item (``lc.item``).
+    @staticmethod
+    def key_line(node: Any, key: Any) -> int | None:
+        try:
+            return int(node.lc.key(key)[0]) + 1
+        except (AttributeError, KeyError, TypeError):
+            return None
+
+    @staticmethod
+    def item_line(node: Any, index: int) -> int | None:
+        try:
+            return int(node.lc.item(index)[0]) + 1
+        except (AttributeError, KeyError, TypeError, IndexError):
+            return None
+
+    @staticmethod
+    def node_line(node: Any) -> int | None:
+        try:
+            return int(node.lc.line) + 1
+        except AttributeError:
+            return None
+
+    def mapping(self, node: Any, path: str, line: int | None, allowed: tuple[str, ...] | None) -> CommentedMap:
+        """The node as a mapping (empty when absent or wrong), unknown keys reported."""
+        if node is None:
+            return CommentedMap()
+        if not isinstance(node, CommentedMap):
+            self.error(path, line, f"must be a mapping, not {kind(node)}")
+            return CommentedMap()
+        if allowed is not None:
+            for key in node:
+                if key not in allowed:
+                    self.error(join(path, key), self.key_line(node, key),
+                               f"unknown key (expected one of: {', '.join(allowed)})")
+        return node
+
+    def value(self, node: CommentedMap, key: str, path: str, parse: Any, default: Any) -> Any:
+        """Parse ``node[key]`` with ``parse`` (which raises ValueError); absent or null → default."""
+        if key not in node or node[key] is None:
+            return default
+        try:
+            return parse(node[key])
+        except (UnitError, ValueError, TypeError) as exc:
+            self.error(join(path, key), self.key_line(node, key), str(exc))
+            return default
+
+
+def join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def kind(node: Any) -> str:
+    if isinstance(node, CommentedMap):
+        return "a mapping"
+    if isinstance(node, CommentedSeq):
+        return "a list"
+    if isinstance(node, bool):
+        return "a boolean"
+    if isinstance(node, (int, float)):
+        return f"the number {node}"
+    return f'"{node}"'
+
+
+# --------------------------------------------------------------------------------------------- scalars
+
+
+def integer(minimum: int, maximum: int | None = None, allow_max: bool = False) -> Callable[[Any], int | None]:
+    def parse(value: Any) -> int | None:
+        if allow_max and value == "max":
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{kind(value)} is not a whole number" + (' or "max"' if allow_max else ""))
+        if value < minimum or (maximum is not None and value > maximum):
+            upper = f" and {maximum}" if maximum is not None else ""
+            raise ValueError(f"{value} is out of range (between {minimum}{upper})" if upper
+                             else f"{value} is out of range (at least {minimum})")
+        return int(value)
+    return parse
+
+
+def fraction(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{kind(value)} is not a number")
+    if not 0 <= value <= 1:
+        raise ValueError(f"{value} is not between 0 and 1")
+    return float(value)
+
+
+def share(value: Any) -> float:
+    """A share of a limit, in (0, 1]: 0 would hold every scale-up, over 1 none."""
+    part = fraction(value)
+    if part == 0:
+        raise ValueError("0 is not a share of a limit (between 0, excluded, and 1)")
+    return part
+
+
+def positive_number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{kind(value)} is not a number")
+    if value <= 0:
+        raise ValueError(f"{value} must be more than 0")
+    return float(value)
+
+
+def string(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{kind(value)} is not a string")
+    return str(value)
+
+
+def absolute_path(value: Any) -> str:
+    text = string(value)
+    if not text.startswith("/"):
+        raise ValueError(f'"{text}" is not an absolute path')
+    if "\0" in text:
+        raise ValueError("a path cannot hold a NUL byte")
+    return text
+
+
+def address(value: Any) -> Address:
+    text = str(value).strip()
+    match = re.match(r"^\[([0-9a-fA-F:.]+)\]:(\d+)$", text) or re.match(r"^([^:\[\]]+):(\d+)$", text)
+    if not match:
+        raise ValueError(f'"{text}" is not HOST:PORT (e.g. "127.0.0.1:8080" or "[::1]:8080")')
+    port = int(match.group(2))
+    if not 0 < port < 65536:
+        raise ValueError(f'"{text}" has no valid port (1-65535)')
+    return Address(match.group(1), port)
+
+
+def mode(value: Any) -> str:
+    if value not in CGROUP_MODES:
+        raise ValueError(f"{kind(value)} is not a mode (expected one of: {', '.join(CGROUP_MODES)})")
+    return str(value)
+
+
+def duration(value: Any) -> float:
+    return parse_duration(value)
+
+

@@ -1,0 +1,10 @@
+"""The front's sans-I/O core: no socket, no clock read, no event loop (time is passed in).
+
+- ``http1``: request and response framing over httptools, and what is refused (RFC 9112);
+- ``routing``: Host → app;
+- ``quota``: per-tenant concurrency gates and token buckets;
+- ``sticky``: the surface (user → worker), the cookie, placement on the routable workers;
+- ``counters``: forward counters per worker and per route, and the open-requests dict.
+
+The asyncio shell (``front/server.py``, ``client.py``, ``upstream.py``) imports these; they never import it.
+"""
