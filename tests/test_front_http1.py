@@ -272,3 +272,43 @@ def test_the_front_sweeps_past_the_request_timeout_not_hours() -> None:
     front.configure(request_timeout=5.0, user_ttl=60.0)
     assert front.stale_after == 5.0 + STALE_MARGIN
 
+
+# ------------------------------------------------------------------ what RFC 9112 refuses (the head, pure)
+
+def _head(*headers: tuple[bytes, bytes], http11: bool = True) -> http1.RequestHead:
+    return http1.read_request(list(headers), http11, False)
+
+
+@pytest.mark.parametrize(("headers", "url", "http11", "version", "expected"), [
+    ([(b"Host", b"a.test")], b"/x", True, None, (0, b"/x", b"a.test")),
+    ([], b"/x", True, None, (400, b"/x", None)),  # HTTP/1.1 without Host
+    ([], b"/x", False, "1.0", (0, b"/x", None)),  # 1.0 may omit it (routed to the catch-all or 404)
+    ([], b"/", False, "0.9", (400, b"/", None)),  # HTTP/0.9's bare request line
+    ([(b"Host", b"a.test")], b"/", False, "2.0", (400, b"/", b"a.test")),
+    # absolute-form: the target's authority wins over Host, and the worker gets the origin form
+    ([(b"Host", b"a.test")], b"http://b.test/x?y=1", True, None, (0, b"/x?y=1", b"b.test")),
+    ([(b"Host", b"a.test")], b"HTTPS://b.test:8443", True, None, (0, b"/", b"b.test:8443")),
+    ([], b"http://b.test?q", True, None, (0, b"/?q", b"b.test")),  # no Host at all: the authority is the host
+    ([(b"Host", b"a.test")], b"http://u:p@b.test/", True, None, (400, b"http://u:p@b.test/", b"a.test")),
+    ([(b"Host", b"a.test")], b"http:///x", True, None, (400, b"http:///x", b"a.test")),
+    ([(b"Host", b"a.test")], b"*", True, None, (0, b"*", b"a.test")),  # OPTIONS *
+])
+def test_head_refusal(headers, url, http11, version, expected):
+    head = _head(*headers, http11=http11)
+    status, why, target = http1.head_refusal(head, url, http11, version)
+    assert (status, target, head.host) == expected
+    assert bool(why) == bool(status)
+
+
+def test_an_absolute_form_target_replaces_every_host_line_the_worker_would_see():
+    head = _head((b"Host", b"a.test"), (b"X-Other", b"1"))
+    assert http1.head_refusal(head, b"http://b.test/p", True, None)[0] == 0
+    sent = b"".join(http1.upstream_head(b"GET", b"/p", head, b"127.0.0.1", b"u"))
+    assert b"Host: b.test\r\n" in sent and b"a.test" not in sent.replace(b"X-Forwarded-Host: b.test", b"")
+    assert b"X-Forwarded-Host: b.test\r\n" in sent
+
+
+@pytest.mark.parametrize(("url_bytes", "header_bytes", "expected"), [
+    (70_000, 0, 414), (70_000, 20, 414), (10, 0, 414), (10, 70_000, 431), (0, 70_000, 431), (0, 0, 431)])
+def test_oversize_status(url_bytes, header_bytes, expected):
+    assert http1.oversize_status(url_bytes, header_bytes, 65_536)[0] == expected

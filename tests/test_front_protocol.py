@@ -127,6 +127,40 @@ def test_malformed_request_is_400(workers: list[Upstream], wire: bytes) -> None:
     assert [(a.status, a.header("Connection")) for a in got] == [(400, "close")]
 
 
+@pytest.mark.parametrize(("wire", "status"), [
+    (b"GET / HTTP/1.1\r\n\r\n", 400),  # HTTP/1.1 without Host
+    (b"GET /\r\n\r\n", 400),  # HTTP/0.9
+    (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: shop.localhost\r\n\r\n", 414),
+    (b"POST / HTTP/1.1\r\nHost: shop.localhost\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n" + b"x" * 70_000, 400),
+])
+def test_what_rfc_9112_refuses_never_reaches_a_worker(workers: list[Upstream], wire: bytes, status: int) -> None:
+    async def scenario() -> bytes:
+        async with front(workers) as f:
+            with suppress(ConnectionError):
+                return await raw(f, wire)
+            return b""
+
+    got = answers(run(scenario()))
+    assert [(a.status, a.header("Connection")) for a in got] == [(status, "close")]
+    assert b"worker" not in got[0].body
+
+
+def test_an_absolute_form_target_is_routed_by_its_own_authority(tmp_path: Path) -> None:
+    async def echo(request: web.Request) -> web.Response:
+        return web.Response(text=f"{request.headers['Host']} {request.path_qs}")
+
+    wire = (b"GET http://shop.localhost/x?y=1 HTTP/1.1\r\nHost: nowhere.localhost\r\n\r\n"
+            b"GET http://nowhere.localhost/ HTTP/1.1\r\nHost: shop.localhost\r\nConnection: close\r\n\r\n")
+
+    async def scenario() -> bytes:
+        async with upstream_app(tmp_path / "w.sock", echo) as ups, front({("acme", "shop", "green"): ups}) as f:
+            return await raw(f, wire)
+
+    got = answers(run(scenario()))
+    assert [(a.status, a.body) for a in got] == [(200, b"shop.localhost /x?y=1"),
+                                                (404, b"no app for host nowhere.localhost\n")]
+
+
 def test_websocket_is_relayed_both_ways(tmp_path: Path) -> None:
     async def handler(request: web.Request) -> web.StreamResponse:
         if request.headers.get("Upgrade", "").lower() != "websocket":

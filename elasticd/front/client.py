@@ -119,14 +119,19 @@ class ClientConn(asyncio.Protocol):
             else:
                 self._parse_error(400, "malformed request")
         except httptools.HttpParserError as exc:
-            over = self.cur is not None and self.head_bytes + len(data) > self.front.max_header_bytes
-            self._parse_error(431 if over else 400, "request headers too large" if over else f"bad request: {exc}")
+            # Over the head's limit only while in a head: a malformed chunk-size line in a body is a 400.
+            cur = self.cur
+            limit = self.front.max_header_bytes
+            if cur is not None and cur.head is NO_HEAD and self.head_bytes + len(data) > limit:
+                self._parse_error(*http1.oversize_status(len(cur.url), self.reader.size, limit))
+            else:
+                self._parse_error(400, f"bad request: {exc}")
             return
         cur = self.cur
         if cur is not None and cur.head is NO_HEAD:
             self.head_bytes += len(data)
             if self.head_bytes > self.front.max_header_bytes:
-                self._parse_error(431, "request headers too large")
+                self._parse_error(*http1.oversize_status(len(cur.url), self.reader.size, self.front.max_header_bytes))
                 return
         self._pump()
         if self.transport is not None and (len(self.queue) > _MAX_QUEUE or self.pending > _MAX_PENDING):
@@ -158,8 +163,14 @@ class ClientConn(asyncio.Protocol):
         cur.method = parser.get_method()
         cur.http11 = http1.is_http11(parser, self.reader.tokens)
         cur.head = self.reader.finish(cur.http11, parser.should_upgrade())
-        if self.reader.size + len(cur.url) > self.front.max_header_bytes:
-            cur.error = (431, "request headers too large")
+        limit = self.front.max_header_bytes
+        if self.reader.size + len(cur.url) > limit:
+            cur.error = http1.oversize_status(len(cur.url), self.reader.size, limit)
+        else:
+            status, why, cur.url = http1.head_refusal(cur.head, cur.url, cur.http11,
+                                                      None if cur.http11 else parser.get_http_version())
+            if status:
+                cur.error = (status, why)
         self.queue.append(cur)
 
     def on_body(self, body: bytes) -> None:

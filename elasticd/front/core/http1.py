@@ -22,7 +22,8 @@ from http import HTTPStatus
 from typing import Any
 
 __all__ = ["CHUNK", "EOF", "LENGTH", "NONE", "RequestHead", "RequestReader", "ResponseHead", "ResponseReader",
-           "chunk", "is_http11", "plain", "read_request", "read_response", "status_line", "upstream_head"]
+           "chunk", "head_refusal", "is_http11", "oversize_status", "plain", "read_request", "read_response",
+           "status_line", "upstream_head"]
 
 # Framing of a body (how its end is known).
 NONE, LENGTH, CHUNK, EOF = 0, 1, 2, 3
@@ -161,6 +162,59 @@ class RequestReader:
                 if b"cookie" in named:
                     head.cookie = None
         return head
+
+
+def _set_host(head: RequestHead, authority: bytes) -> None:
+    """The request's host is ``authority``: every Host line the client sent gives way to one naming it."""
+    lines = [piece for i in range(0, len(head.lines), 4) if head.lines[i].lower() != b"host"
+             for piece in head.lines[i:i + 4]]
+    lines.extend((b"Host", b": ", authority, b"\r\n"))
+    head.lines = lines
+    head.host = authority
+
+
+def head_refusal(head: RequestHead, url: bytes, http11: bool, version: str | None) -> tuple[int, str, bytes]:
+    """What RFC 9112 makes of a complete request head before anything routes it: (0, "", target) to go on,
+    with the target the worker gets, or (status, why, url) to refuse. ``version``: the parser's
+    "major.minor", needed only when the request is not HTTP/1.1 (``http11`` says so cheaply).
+
+    - HTTP/1.1 without Host: 400 (§3.2: "MUST respond with a 400"), not a 404 for an empty name.
+    - A version other than 1.0 and 1.1 (HTTP/0.9's bare request line, 2.0 over 1.1 framing): 400.
+    - An absolute-form target (§3.2.2): an origin server "MUST ignore the received Host header field … and
+      instead use the host information of the request-target". The request is routed by the target's
+      authority, the worker's Host line says that authority, and the worker gets the origin form (path and
+      query), so no request is routed by one name while its worker is told another. A target with userinfo
+      (``http://user@host/``, RFC 9110 §4.2.4) or an empty authority is refused.
+    """
+    if not http11 and version != "1.0":
+        return 400, f"HTTP/{version} is not supported (HTTP/1.1 or 1.0 only)", url
+    if url[:1] != b"/" and url != b"*":
+        lower = url[:8].lower()
+        skip = 7 if lower.startswith(b"http://") else 8 if lower.startswith(b"https://") else 0
+        if skip:
+            rest = url[skip:]
+            end = len(rest)
+            for stop in (b"/", b"?", b"#"):
+                found = rest.find(stop)
+                if 0 <= found < end:
+                    end = found
+            authority, target = rest[:end], rest[end:]
+            if not authority or b"@" in authority:
+                return 400, "an absolute-form target needs a host and no userinfo", url
+            if not target.startswith(b"/"):
+                target = b"/" + target
+            _set_host(head, authority)
+            url = target
+    if head.host is None and http11:
+        return 400, "an HTTP/1.1 request needs a Host header", url
+    return 0, "", url
+
+
+def oversize_status(url_bytes: int, header_bytes: int, limit: int) -> tuple[int, str]:
+    """A head past ``limit`` bytes: 414 when the request line alone is (RFC 9110 §15.5.15), else 431."""
+    if url_bytes > limit or (header_bytes == 0 and url_bytes > 0):
+        return 414, "request target too long"
+    return 431, "request headers too large"
 
 
 def read_request(headers: list[tuple[bytes, bytes]], http11: bool, upgrade: bool) -> RequestHead:
