@@ -17,7 +17,20 @@ from typing import TYPE_CHECKING
 import httptools
 
 from elasticd.front.core import http1
-from elasticd.front.exchange import NO_HEAD, Exchange
+from elasticd.front.core.exchange import NO_HEAD, Exchange
+from elasticd.front.core.relay import (
+    CloseMode,
+    Event,
+    Failure,
+    Phase,
+    RelayError,
+    Timeout,
+    after_own_answer,
+    after_worker_answer,
+    client_left,
+    timed_out,
+    upstream_lost,
+)
 from elasticd.front.upstream import MAX_IDLE
 
 if TYPE_CHECKING:
@@ -28,11 +41,13 @@ __all__ = ["ClientConn"]
 
 log = logging.getLogger("elasticd.front")
 
-_IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
 _MAX_QUEUE = 16  # pipelined requests read ahead of the one being served
 _MAX_PENDING = 256 << 10  # request body bytes buffered before reading from the client pauses
 _FOR_QUEUE, _FOR_UPSTREAM = 1, 2  # why reading is paused (both may hold)
 _LINGER = 2.0  # seconds a closing connection still reads (and drops) what the client sends
+
+
+_QUEUED, _FORWARDING, _DONE = Phase.QUEUED, Phase.FORWARDING, Phase.DONE
 
 
 class ClientConn(asyncio.Protocol):
@@ -75,11 +90,13 @@ class ClientConn(asyncio.Protocol):
             self.tunnel = None
         if self.queue:
             ex = self.queue[0]
-            if ex.rid and not ex.finished:
-                # The client left first: free the worker at once, as nginx does (499 in the accounting).
+            status = client_left(ex.phase, ex.status)
+            if status is not None:
+                # The client left first: free the worker at once, as nginx does (499 in the counters).
                 if ex.conn is not None:
                     ex.conn.close()
-                self._close_exchange(ex, 499 if not ex.started else ex.status)
+                    ex.conn = None
+                self.front.settle(ex, status, Event.CLIENT_LEFT)
             self.queue.clear()
 
     def eof_received(self) -> bool:
@@ -108,6 +125,9 @@ class ClientConn(asyncio.Protocol):
             return
         try:
             self.parser.feed_data(data)
+        except RelayError as exc:
+            self.fail_closed(exc)
+            return
         except httptools.HttpParserUpgrade as exc:
             ex = self.queue[-1] if self.queue else None
             if ex is not None and ex.head.upgrade is not None:
@@ -195,15 +215,16 @@ class ClientConn(asyncio.Protocol):
         """Start the first request if it is new; move its body along if it is under way."""
         while self.queue and self.transport is not None:
             ex = self.queue[0]
-            if ex.rid or ex.conn is not None:
+            phase = ex.phase
+            if phase is _DONE:
+                self.queue.popleft()
+                continue
+            if phase is not _QUEUED:  # under way: move its body along
                 if ex.conn is not None and ex.conn.transport is not None:
                     self._send_body(ex)
                 return
-            if ex.finished:
-                self.queue.popleft()
-                continue
             self.front.dispatch(self, ex)
-            if not ex.finished:
+            if ex.phase is not _DONE:
                 return
 
     def send_head(self, ex: Exchange) -> None:
@@ -255,19 +276,19 @@ class ClientConn(asyncio.Protocol):
 
     def answer(self, ex: Exchange, status: int, text: str, retry_after: int | None = None,
                close: bool = False) -> None:
-        """An answer of the front's own, in the request's turn."""
-        close = (close or not ex.head.keep_alive or self.eof or self.front.stopping or self.upgrading is ex
-                 or (not ex.body_done and ex.head.expect))
-        self.write(http1.plain(status, text, close=close, retry_after=retry_after,
+        """An answer of the front's own, in the request's turn (its phase is the caller's to advance)."""
+        mode = after_own_answer(close=close, keep_alive=ex.head.keep_alive, client_eof=self.eof,
+                                stopping=self.front.stopping, upgrading=self.upgrading is ex,
+                                body_done=ex.body_done, expect=ex.head.expect, parse_error=ex.error is not None)
+        self.write(http1.plain(status, text, close=mode is not CloseMode.KEEP, retry_after=retry_after,
                                head_request=ex.method == b"HEAD"))
-        ex.finished = True
         self._drop_body(ex)
         if self.queue and self.queue[0] is ex:
             self.queue.popleft()
-        if close and self.transport is not None:
-            if ex.body_done and ex.error is None:
+        if self.transport is not None:
+            if mode is CloseMode.CLOSE:
                 self.transport.close()
-            else:
+            elif mode is CloseMode.LINGER:
                 self._linger()
 
     def _drop_body(self, ex: Exchange) -> None:
@@ -296,14 +317,15 @@ class ClientConn(asyncio.Protocol):
         if ex.head is NO_HEAD:
             ex.head = http1.RequestHead()
         ex.head.keep_alive = False
-        if ex in self.queue and ex.rid:  # broken inside the body of the request under way
+        if ex.in_flight and ex in self.queue:  # broken inside the body of the request under way
             ex.body_done = True
-            if not ex.started:
+            if ex.phase is _FORWARDING:
                 if ex.conn is not None:
                     ex.conn.close()
+                    ex.conn = None
                 self.front.relay_failed(self, ex, status, text)
             elif self.transport is not None:
-                self.transport.close()
+                self.transport.close()  # mid-answer: cut (its entry is closed as the connection is lost)
             return
         ex.error = (status, text)
         if ex not in self.queue:
@@ -326,38 +348,35 @@ class ClientConn(asyncio.Protocol):
                 pool.idle.append(conn)
         else:
             conn.close()
-        if ex.rid:
-            self.front.close_exchange(ex, ex.status)
-            ex.rid = 0
-        ex.finished = True
+        self.front.settle(ex, ex.status, Event.ANSWER_END)
         queue = self.queue
         if queue and queue[0] is ex:
             queue.popleft()
-        close = (response is None or response.close or not ex.body_done or self.eof or self.front.stopping
-                 or self.upgrading is ex)
-        if close:
+        if after_worker_answer(response_close=None if response is None else response.close,
+                               body_done=ex.body_done, client_eof=self.eof, stopping=self.front.stopping,
+                               upgrading=self.upgrading is ex):
             if self.transport is not None:
                 self.transport.close()
             return
         self._pump()
 
     def upstream_failed(self, ex: Exchange, conn: UpstreamConn, why: str) -> None:
-        if ex.finished or self.transport is None:
+        failure = upstream_lost(ex.phase, reused=conn.reused, received=conn.received, retried=ex.retried,
+                                has_body=ex.head.has_body, method=ex.method, upgrading=self.upgrading is ex)
+        if failure is Failure.LATE or self.transport is None:
             return
         ex.conn = None
-        if ex.started:
+        if failure is Failure.CUT:
             # The answer had started: the client can only be told by a cut connection (a truncated answer,
             # never a complete-looking wrong one).
             log.warning("%s %s: worker %s %s mid-answer; cutting the client connection",
                         ex.method.decode(), ex.url.decode(errors="replace"), ex.worker, why)
-            self._close_exchange(ex, ex.status)
-            ex.finished = True
+            self.front.settle(ex, ex.status, Event.CUT)
             self.transport.close()
             return
-        if (conn.reused and not conn.received and not ex.retried and not ex.head.has_body
-                and ex.method in _IDEMPOTENT and self.upgrading is not ex):
+        if failure is Failure.RETRY:
             # A kept-alive connection the worker closed while idle: safe to send once more.
-            ex.retried = True
+            ex.retry()
             self.front.connect(self, ex, conn.pool)
             return
         log.warning("%s %s: worker %s %s", ex.method.decode(), ex.url.decode(errors="replace"), ex.worker, why)
@@ -369,9 +388,8 @@ class ClientConn(asyncio.Protocol):
         if tail:
             self.write(tail)
         conn.pool.counters.answered += 1
-        self._close_exchange(ex, 101)
-        ex.finished = True
         ex.conn = None
+        self.front.settle(ex, 101, Event.UPGRADE)
         if self.queue and self.queue[0] is ex:
             self.queue.popleft()
         self.tunnel = conn
@@ -402,11 +420,6 @@ class ClientConn(asyncio.Protocol):
         if was and not self.paused and self.transport is not None:
             self.transport.resume_reading()
 
-    def _close_exchange(self, ex: Exchange, status: int) -> None:
-        if ex.rid:
-            self.front.close_exchange(ex, status)
-            ex.rid = 0
-
     # ------------------------------------------------------------------ timeouts and shutdown
 
     def timed_out(self) -> None:
@@ -415,22 +428,31 @@ class ClientConn(asyncio.Protocol):
         if transport is None:
             return
         ex = self.queue[0] if self.queue else None
-        if ex is None or not ex.rid:
+        decision = timed_out(ex.phase if ex is not None else None)
+        if ex is None or decision is Timeout.CLOSE:
             transport.close()  # an idle keep-alive connection, or a head that never completed
             return
         if ex.conn is not None:
             ex.conn.close()
             ex.conn = None
-        if ex.started:
+        if decision is Timeout.CUT:
             log.warning("%s %s: worker %s stalled mid-answer; cutting the client connection",
                         ex.method.decode(), ex.url.decode(errors="replace"), ex.worker)
-            self._close_exchange(ex, ex.status)
-            ex.finished = True
+            self.front.settle(ex, ex.status, Event.CUT)
             transport.close()
             return
         log.warning("%s %s: worker %s did not answer within %gs", ex.method.decode(),
                     ex.url.decode(errors="replace"), ex.worker, self.front.request_timeout)
         self.front.relay_failed(self, ex, 504, "the worker did not answer in time", close=True)
+
+    def fail_closed(self, error: RelayError) -> None:
+        """A transition the relay's table does not have: a bug of ours. The connection is closed (and the
+        worker's with it) rather than left in a state nobody owns."""
+        log.error("front: %s; closing the client connection", error)
+        if self.queue and self.queue[0].conn is not None:
+            self.queue[0].conn.close()
+        if self.transport is not None:
+            self.transport.abort()
 
     @property
     def idle(self) -> bool:

@@ -13,14 +13,17 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
+from typing import cast
 
 from elasticd.config.model import Address, Quotas
 from elasticd.front.client import ClientConn
-from elasticd.front.core.counters import ForwardCounters, RouteStats
-from elasticd.front.core.quota import CONCURRENCY, QuotaBook, TenantQuota
+from elasticd.front.core.counters import ForwardCounters
+from elasticd.front.core.dispatch import Refuse, Target, decide
+from elasticd.front.core.exchange import Exchange
+from elasticd.front.core.quota import QuotaBook
+from elasticd.front.core.relay import Event, Phase, RelayError
 from elasticd.front.core.routing import AppRoute, RouteTable
-from elasticd.front.core.sticky import PlaceFn, Surface, new_user_id, place, set_cookie_line, user_from_cookie
-from elasticd.front.exchange import Exchange
+from elasticd.front.core.sticky import PlaceFn, Surface, place
 from elasticd.front.request_metrics import FrontCollector
 from elasticd.front.upstream import ConnectionPool, Upstream, UpstreamConn
 
@@ -35,17 +38,6 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _MISS = object()
 _MAX_HOSTS = 1024  # Host header values remembered with their route (a flood of odd names only resets it)
 STALE_MARGIN = 10.0  # seconds past request_timeout before a dead open-requests entry is swept
-
-
-class Target:
-    """What a Host header resolved to: the route, its stats and its tenant's quota (cached per Host)."""
-
-    __slots__ = ("quota", "route", "stats")
-
-    def __init__(self, route: AppRoute, stats: RouteStats, quota: TenantQuota | None) -> None:
-        self.route = route
-        self.stats = stats
-        self.quota = quota
 
 
 class Front:
@@ -209,62 +201,32 @@ class Front:
         self._targets[host] = target
         return target
 
+    def _refuse(self, client: ClientConn, ex: Exchange, status: int, text: str, retry_after: int | None = None,
+                close: bool = False) -> None:
+        ex.advance(Event.REFUSE)
+        client.answer(ex, status, text, retry_after=retry_after, close=close)
+
     def dispatch(self, client: ClientConn, ex: Exchange) -> None:
         if ex.error is not None:
-            client.answer(ex, *ex.error, close=True)
+            self._refuse(client, ex, *ex.error, close=True)
             return
         target = self.target(ex.head.host)
-        if target is None:
-            host = ex.head.host.decode("latin-1") if ex.head.host is not None else "(none)"
-            client.answer(ex, 404, f"no app for host {host}")
-            return
-        route, stats = target.route, target.stats
-        ex.route = route
-        ex.stats = stats
         now = self.clock()
-        ex.ts = now
-        quota = target.quota
-        if quota is not None:
-            refusal = quota.admit(now)
-            if refusal is not None:
-                self.accounting.refused(route.tenant, refusal.reason)
-                stats.answered(refusal.status)
-                why = "too many requests at once" if refusal.reason == CONCURRENCY else "request rate over quota"
-                client.answer(ex, refusal.status, f"{route}: {why}", retry_after=refusal.retry_after)
-                return
-            ex.quota = quota
-        upstreams = self._workers(route.tenant, route.app, route.group)
-        if self.unroutable:
-            upstreams = [u for u in upstreams if u.worker_id not in self.unroutable]
-        if not upstreams:
-            if quota is not None:
-                quota.leave()
-                ex.quota = None
-            stats.answered(503)
-            client.answer(ex, 503, f"{route}: no worker available", retry_after=1)
+        workers = self._workers(*target.route.key) if target is not None else ()
+        decision = decide(target, ex.head, now, workers, self.unroutable, self.surface, self.place, self.accounting)
+        if isinstance(decision, Refuse):
+            self._refuse(client, ex, decision.status, decision.text, retry_after=decision.retry_after)
             return
-        upstream = None
-        cookie = ex.head.cookie
-        user = user_from_cookie(cookie) if cookie is not None else None
-        if user is not None:
-            entry = self.surface.users.get(user)
-            if entry is not None:
-                worker = entry.worker
-                for candidate in upstreams:
-                    if candidate.worker_id == worker:
-                        upstream = candidate
-                        break
-            if upstream is None:  # new on the surface, or its worker went: (re-)placed
-                upstream = self._place(user, upstreams)
-                entry = self.surface.assign(user, upstream.worker_id, now)
-            else:
-                entry.seen = now  # type: ignore[union-attr]
-            ex.entry = entry
-        else:
-            user = new_user_id()
-            ex.cookie_line = set_cookie_line(user, ex.head.secure)
-            upstream = self._place(None, upstreams)
-        ex.user = user
+        assert target is not None
+        forward = decision
+        upstream = cast(Upstream, forward.worker)  # one of ``workers``: the shell's Upstreams
+        ex.route = target.route
+        ex.stats = target.stats
+        ex.ts = now
+        ex.quota = forward.quota
+        ex.user = forward.user
+        ex.entry = forward.entry
+        ex.cookie_line = forward.cookie_line
         ex.worker = upstream.worker_id
         pool = self._pools.get(upstream.worker_id)
         if pool is None or pool.path != upstream.socket_path:
@@ -272,7 +234,7 @@ class Front:
             counters = self.accounting.worker(upstream.worker_id)
             pool = self._pools[upstream.worker_id] = ConnectionPool(upstream, counters)
         ex.counters = pool.counters
-        ex.rid = self.accounting.opened(ex)
+        ex.forward(self.accounting.opened(ex))
         if ex.head.expect and not ex.body_done and ex.http11:
             client.write(_CONTINUE)
         conn = pool.take()
@@ -281,16 +243,6 @@ class Front:
             client.send_head(ex)
         else:
             self.connect(client, ex, pool)
-
-    def _place(self, user: str | None, upstreams: Sequence[Upstream]) -> Upstream:
-        chosen = self.place(user, self.surface, upstreams)
-        if chosen == upstreams[0].worker_id:
-            return upstreams[0]
-        for upstream in upstreams:
-            if upstream.worker_id == chosen:
-                return upstream
-        log.warning("placement chose %r, not a routable worker; using the reception", chosen)
-        return upstreams[0]
 
     def connect(self, client: ClientConn, ex: Exchange, pool: ConnectionPool) -> None:
         task = asyncio.get_running_loop().create_task(pool.connect())
@@ -303,8 +255,9 @@ class Front:
         if task.cancelled():
             return
         error = task.exception()
+        late = ex.phase is not Phase.FORWARDING or client.transport is None
         if error is not None:
-            if ex.finished or client.transport is None or not ex.rid:
+            if late:
                 return
             log.warning("%s %s: worker %s: cannot connect: %s", ex.method.decode(),
                         ex.url.decode(errors="replace"), ex.worker, error)
@@ -312,26 +265,33 @@ class Front:
             self.relay_failed(client, ex, 502, "the worker could not be reached")
             return
         conn = task.result()
-        if ex.finished or client.transport is None or not ex.rid:
+        if late:
             pool.put(conn)  # the client left or timed out meanwhile: keep the connection for the next one
             return
-        conn.attach(ex, client, reused=False)
+        try:
+            conn.attach(ex, client, reused=False)
+        except RelayError as exc:
+            client.fail_closed(exc)
+            return
         client.send_head(ex)
 
     def relay_failed(self, client: ClientConn, ex: Exchange, status: int, text: str, close: bool = False) -> None:
         """A forwarded request failed before its answer started: the front answers it, in its turn."""
         target = self._targets.get(ex.head.host)
         label = f"{target.route}: " if isinstance(target, Target) else ""
+        self.settle(ex, status, Event.FAIL)
         client.answer(ex, status, label + text, close=close)
-        if ex.rid:
-            self.close_exchange(ex, status)
-            ex.rid = 0
         client.serve_next()
 
-    def close_exchange(self, ex: Exchange, status: int) -> None:
+    def settle(self, ex: Exchange, status: int, event: Event) -> None:
+        """A forwarded exchange ends (``event``: answered, failed, cut, upgraded, the client left): its phase
+        moves first (an illegal end raises before anything is counted), then its counters entry closes — the
+        one place that does, so no entry is closed twice or left open."""
+        ex.advance(event)
+        rid, ex.rid = ex.rid, 0
         now = self.clock()
         assert ex.counters is not None and ex.stats is not None
-        self.accounting.closed(ex.rid, status, now - ex.ts, ex.counters, ex.stats, ex.entry)
+        self.accounting.closed(rid, status, now - ex.ts, ex.counters, ex.stats, ex.entry)
         quota = ex.quota
         if quota is not None:
             if quota.gate.in_flight > 0:  # quota.leave(), inlined

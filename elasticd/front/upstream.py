@@ -16,10 +16,11 @@ import httptools
 
 from elasticd.front.core.counters import WorkerCounters
 from elasticd.front.core.http1 import CHUNK, NONE, ResponseHead, ResponseReader, chunk, is_http11
+from elasticd.front.core.relay import RelayError
 
 if TYPE_CHECKING:
     from elasticd.front.client import ClientConn
-    from elasticd.front.exchange import Exchange
+    from elasticd.front.core.exchange import Exchange
 
 __all__ = ["MAX_IDLE", "ConnectionPool", "Upstream", "UpstreamConn"]
 
@@ -63,6 +64,7 @@ class UpstreamConn(asyncio.Protocol):
     # ------------------------------------------------------------------ driven by the client side
 
     def attach(self, ex: Exchange, client: ClientConn, reused: bool) -> None:
+        ex.attach(self)  # first: an exchange that cannot take a connection now raises before anything changes
         if self.stale_parser:
             self.parser = httptools.HttpResponseParser(self)
             self.stale_parser = False
@@ -74,7 +76,6 @@ class UpstreamConn(asyncio.Protocol):
         self.ex = ex
         self.client = client
         self.reused = reused
-        ex.conn = self
 
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.closed:
@@ -119,15 +120,18 @@ class UpstreamConn(asyncio.Protocol):
         self.pool.lost(self)
         if client is None or ex is None:
             return
-        if self.tunnel:
-            client.tunnel_closed()
-        elif self.response is not None and self.response.upstream_eof and not self.done:
-            # A body delimited by the worker closing: this is its end.
-            if self.response.framing == CHUNK:
-                client.write(b"0\r\n\r\n")
-            client.answered(ex, self)
-        else:
-            client.upstream_failed(ex, self, "closed the connection" if exc is None else str(exc))
+        try:
+            if self.tunnel:
+                client.tunnel_closed()
+            elif self.response is not None and self.response.upstream_eof and not self.done:
+                # A body delimited by the worker closing: this is its end.
+                if self.response.framing == CHUNK:
+                    client.write(b"0\r\n\r\n")
+                client.answered(ex, self)
+            else:
+                client.upstream_failed(ex, self, "closed the connection" if exc is None else str(exc))
+        except RelayError as error:
+            client.fail_closed(error)
 
     def pause_writing(self) -> None:
         if self.client is not None:
@@ -149,24 +153,32 @@ class UpstreamConn(asyncio.Protocol):
         self.received = True
         try:
             self.parser.feed_data(data)
+            if self.out:
+                client.write(b"".join(self.out))
+                self.out = []
+            if self.done:
+                client.answered(ex, self)
+        except RelayError as error:
+            self.close()
+            client.fail_closed(error)
         except httptools.HttpParserUpgrade as exc:
             self._flush(client)
             self.tunnel = True
-            client.became_tunnel(ex, self, data[exc.args[0]:])
-            return
+            try:
+                client.became_tunnel(ex, self, data[exc.args[0]:])
+            except RelayError as error:
+                self.close()
+                client.fail_closed(error)
         except httptools.HttpParserError as exc:
             self.closed = True
             if self.transport is not None:
                 self.transport.close()
             self.client = self.ex = None
             self._flush(client)
-            client.upstream_failed(ex, self, f"sent a malformed answer ({exc})")
-            return
-        if self.out:
-            client.write(b"".join(self.out))
-            self.out = []
-        if self.done:
-            client.answered(ex, self)
+            try:
+                client.upstream_failed(ex, self, f"sent a malformed answer ({exc})")
+            except RelayError as error:
+                client.fail_closed(error)
 
     def _flush(self, client: ClientConn) -> None:
         if self.out:
@@ -196,9 +208,7 @@ class UpstreamConn(asyncio.Protocol):
                                       # an upgrade the worker refused, or a body not read whole: closed after
                                       head.keep_alive and ex.body_done and head.upgrade is None, ex.cookie_line)
         self.response = response
-        ex.status = status
-        ex.started = True
-        ex.login = response.login
+        ex.answer_head(status, response.login)
         if self.out:
             self.out.extend(response.parts)
         else:

@@ -31,7 +31,10 @@ class OpenRequest(Protocol):
     user: str | None
     worker: str | None
     ts: float
-    started: bool  # the worker's answer has begun
+
+    @property
+    def started(self) -> bool:  # the worker's answer has begun
+        ...
 
     @property
     def live(self) -> bool:  # still relaying to or from the worker

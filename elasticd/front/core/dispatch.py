@@ -1,0 +1,105 @@
+"""Where a request goes, decided with no I/O: route → quota → sticky lookup → placement, giving a
+``Forward`` (the worker, the user, its surface entry, a Set-Cookie line for a new user) or a ``Refuse``
+(status, text, Retry-After). Time is passed in. It changes only the core's own books: the quota's gate and
+bucket (an admitted request is counted in flight), the surface (a new or re-placed user), the refusal counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import NamedTuple
+
+from elasticd.front.core.counters import ForwardCounters, RouteStats
+from elasticd.front.core.http1 import RequestHead
+from elasticd.front.core.quota import CONCURRENCY, TenantQuota
+from elasticd.front.core.routing import AppRoute
+from elasticd.front.core.sticky import (
+    PlaceFn,
+    RoutableWorker,
+    Surface,
+    SurfaceUser,
+    new_user_id,
+    set_cookie_line,
+    user_from_cookie,
+)
+
+__all__ = ["Forward", "Refuse", "Target", "decide"]
+
+
+class Target:
+    """What a Host header resolved to: the route, its stats and its tenant's quota (the shell caches these
+    per Host value)."""
+
+    __slots__ = ("quota", "route", "stats")
+
+    def __init__(self, route: AppRoute, stats: RouteStats, quota: TenantQuota | None) -> None:
+        self.route = route
+        self.stats = stats
+        self.quota = quota
+
+
+class Forward(NamedTuple):
+    worker: RoutableWorker
+    user: str
+    entry: SurfaceUser | None  # None for a new user (no cookie yet): it is put on the surface by its cookie
+    cookie_line: bytes  # Set-Cookie for a new user, else b""
+    quota: TenantQuota | None  # admitted: one in flight until the exchange settles
+
+
+class Refuse(NamedTuple):
+    status: int
+    text: str
+    retry_after: int | None
+
+
+def decide(target: Target | None, head: RequestHead, now: float, workers: Sequence[RoutableWorker],
+           unroutable: Collection[str], surface: Surface, place: PlaceFn, forwards: ForwardCounters,
+           ) -> Forward | Refuse:
+    """``workers``: the group's routable workers (reception first); ``unroutable``: those the front found
+    dead since. A refusal after admission gives its quota slot back."""
+    if target is None:
+        host = head.host.decode("latin-1") if head.host is not None else "(none)"
+        return Refuse(404, f"no app for host {host}", None)
+    route, stats, quota = target.route, target.stats, target.quota
+    if quota is not None:
+        refusal = quota.admit(now)
+        if refusal is not None:
+            forwards.refused(route.tenant, refusal.reason)
+            stats.answered(refusal.status)
+            why = "too many requests at once" if refusal.reason == CONCURRENCY else "request rate over quota"
+            return Refuse(refusal.status, f"{route}: {why}", refusal.retry_after)
+    if unroutable:
+        workers = [w for w in workers if w.worker_id not in unroutable]
+    if not workers:
+        if quota is not None:
+            quota.leave()
+        stats.answered(503)
+        return Refuse(503, f"{route}: no worker available", 1)
+    cookie = head.cookie
+    user = user_from_cookie(cookie) if cookie is not None else None
+    if user is None:
+        user = new_user_id()
+        return Forward(_placed(None, surface, workers, place), user, None, set_cookie_line(user, head.secure), quota)
+    entry = surface.users.get(user)
+    if entry is not None:
+        wanted = entry.worker
+        for candidate in workers:
+            if candidate.worker_id == wanted:
+                entry.seen = now
+                return Forward(candidate, user, entry, b"", quota)
+    # New on the surface, or its worker went: (re-)placed.
+    worker = _placed(user, surface, workers, place)
+    return Forward(worker, user, surface.assign(user, worker.worker_id, now), b"", quota)
+
+
+def _placed(user: str | None, surface: Surface, workers: Sequence[RoutableWorker], place: PlaceFn) -> RoutableWorker:
+    """Placement's choice among ``workers``; the reception when it names none of them (a policy that
+    answered with a worker that is not routable, or a bug of its own: never a request sent nowhere)."""
+    chosen = place(user, surface, workers)
+    first = workers[0]
+    if chosen == first.worker_id:
+        return first
+    for worker in workers:
+        if worker.worker_id == chosen:
+            return worker
+    return first

@@ -1,0 +1,115 @@
+"""One request and its answer, as the front carries it: parsed head, routing, counters and its ``Phase``.
+
+The phase moves only through ``advance`` (the relay's table, ``relay.TRANSITIONS``); the counters entry is
+opened by ``forward`` and closed once, by the shell's ``Front.settle``. The same object is the
+open-requests entry of the forward counters (``user``, ``worker``, ``ts``): nothing is copied per request.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from elasticd.front.core import http1
+from elasticd.front.core.counters import RouteStats, WorkerCounters
+from elasticd.front.core.quota import TenantQuota
+from elasticd.front.core.relay import Event, Phase, step
+from elasticd.front.core.routing import AppRoute
+from elasticd.front.core.sticky import SurfaceUser
+
+__all__ = ["NO_HEAD", "Exchange", "Link"]
+
+
+class Link(Protocol):
+    """The shell's connection to a worker, as the exchange holds it (the core never imports the shell)."""
+
+    @property
+    def transport(self) -> object | None: ...
+
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+_FORWARDING, _ANSWERING, _DONE = Phase.FORWARDING, Phase.ANSWERING, Phase.DONE
+
+
+class Exchange:
+    """One request and its answer. Also the open-requests entry (``user``, ``worker``, ``ts``)."""
+
+    __slots__ = ("body", "body_done", "conn", "cookie_line", "counters", "entry", "error", "head", "http11",
+                 "login", "method", "phase", "quota", "retried", "rid", "route", "sent", "stats", "status", "ts",
+                 "url", "user", "worker")
+
+    def __init__(self) -> None:
+        self.phase = Phase.QUEUED
+        self.method = b""
+        self.url = b""
+        self.head: http1.RequestHead = NO_HEAD
+        self.http11 = True
+        self.body: list[bytes] = []
+        self.body_done = False  # the client's request ended (its body read whole)
+        self.sent = False  # the request went whole to the worker (head, body and its end)
+        self.error: tuple[int, str] | None = None  # refused at parse time: answered in its turn
+        self.status = 0
+        self.conn: Link | None = None
+        self.quota: TenantQuota | None = None
+        self.route: AppRoute | None = None
+        self.stats: RouteStats | None = None
+        self.counters: WorkerCounters | None = None
+        self.entry: SurfaceUser | None = None
+        self.user: str | None = None
+        self.worker: str | None = None
+        self.cookie_line = b""
+        self.login: bytes | None = None
+        self.retried = False
+        self.rid = 0  # the open-requests id while FORWARDING or ANSWERING, else 0
+        self.ts = 0.0
+
+    def advance(self, event: Event) -> None:
+        self.phase = step(self.phase, event)
+
+    def forward(self, rid: int) -> None:
+        self.phase = step(self.phase, Event.FORWARD)
+        self.rid = rid
+
+    def attach(self, conn: Link) -> None:
+        self.phase = step(self.phase, Event.ATTACH)
+        self.conn = conn
+
+    def retry(self) -> None:
+        if self.retried:
+            raise ValueError("a request is sent again at most once")
+        self.phase = step(self.phase, Event.RETRY)
+        self.retried = True
+        self.conn = None
+
+    def answer_head(self, status: int, login: bytes | None) -> None:
+        self.phase = step(self.phase, Event.ANSWER_HEAD)
+        self.status = status
+        self.login = login
+
+    @property
+    def finished(self) -> bool:
+        return self.phase is _DONE
+
+    @property
+    def started(self) -> bool:
+        """The worker's answer head went to the client (the counters' liveness rule reads it)."""
+        return self.phase is _ANSWERING
+
+    @property
+    def in_flight(self) -> bool:
+        phase = self.phase
+        return phase is _FORWARDING or phase is _ANSWERING
+
+    @property
+    def live(self) -> bool:
+        """Still relaying to or from a worker: an open-requests entry the sweep must not take, however old."""
+        return self.conn is not None and self.phase is not _DONE
+
+
+NO_HEAD = http1.RequestHead()

@@ -1,0 +1,153 @@
+"""The relay's state machine: one owner for every request's state, its transitions as a table (h11-style).
+
+A request the front has read is an ``Exchange`` in one ``Phase``; only ``step`` moves it, and only along
+``TRANSITIONS``. An event that is not legal in the current phase raises ``RelayError``: the shell treats that
+as a bug of ours and fails closed (the client connection is closed, the worker's too), never as a silent
+"already done, ignore". Events that can legitimately arrive late (a connection task finishing after the
+client left) have their own rows, so "late" is a decision written down here, not a guard in a callback.
+
+                 REFUSE / CLIENT_LEFT
+        QUEUED ─────────────────────────────────────────────┐
+          │ FORWARD (routed, admitted, placed: open in the counters)
+          ▼                                                   ▼
+      FORWARDING ── ATTACH, RETRY (itself) ── FAIL, CLIENT_LEFT, UPGRADE ──► DONE
+          │ ANSWER_HEAD (the worker's head went to the client)               ▲
+          ▼                                                                  │
+      ANSWERING ─────────────── ANSWER_END, CUT, CLIENT_LEFT, UPGRADE ────────┘
+
+What happens *at* each failure (send once more, answer 502/504, cut the connection, account 499) is decided
+by the pure functions below, from the facts the shell reports; the shell then carries it out.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["IDEMPOTENT", "TRANSITIONS", "CloseMode", "Event", "Failure", "Phase", "RelayError", "Timeout",
+           "after_own_answer", "after_worker_answer", "client_left", "step", "timed_out", "upstream_lost"]
+
+
+class Phase(enum.IntEnum):
+    QUEUED = 0  # read (head, maybe body), waiting for its turn on the client connection
+    FORWARDING = 1  # open in the counters, bound for one worker; its answer has not begun
+    ANSWERING = 2  # the worker's answer head went to the client; its body is streaming
+    DONE = 3  # answered (by the worker or by the front), its counters entry closed
+
+
+class Event(enum.IntEnum):
+    REFUSE = 0  # the front answers it itself before forwarding (400, 404, 429, 503...)
+    FORWARD = 1  # dispatched to a worker
+    ATTACH = 2  # a connection to the worker is attached (new or reused)
+    RETRY = 3  # a reused connection died before any byte of the answer: sent once more
+    ANSWER_HEAD = 4
+    ANSWER_END = 5
+    UPGRADE = 6  # 101 went through: the exchange ends, both connections become a tunnel
+    FAIL = 7  # forwarded but not answered: the front answers (502, 504)
+    CUT = 8  # the answer began and cannot complete: the client connection is cut
+    CLIENT_LEFT = 9
+    LATE = 10  # something for an exchange that is over (a connection made after the client left)
+
+
+class RelayError(Exception):
+    """An event that is not legal in the exchange's phase: a bug of the front, handled by failing closed."""
+
+
+_Q, _F, _A, _D = Phase.QUEUED, Phase.FORWARDING, Phase.ANSWERING, Phase.DONE
+TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
+    (_Q, Event.REFUSE): _D,
+    (_Q, Event.FORWARD): _F,
+    (_Q, Event.CLIENT_LEFT): _D,
+    (_F, Event.ATTACH): _F,
+    (_F, Event.RETRY): _F,
+    (_F, Event.ANSWER_HEAD): _A,
+    (_F, Event.UPGRADE): _D,
+    (_F, Event.FAIL): _D,
+    (_F, Event.CLIENT_LEFT): _D,
+    (_A, Event.ANSWER_END): _D,
+    (_A, Event.UPGRADE): _D,
+    (_A, Event.CUT): _D,
+    (_A, Event.CLIENT_LEFT): _D,
+    (_D, Event.LATE): _D,
+}
+
+
+def step(phase: Phase, event: Event) -> Phase:
+    """The phase after ``event``; RelayError when the table has no such row (fail closed)."""
+    try:
+        return TRANSITIONS[(phase, event)]
+    except KeyError:
+        raise RelayError(f"{event.name} is not legal while {phase.name}") from None
+
+
+# ------------------------------------------------------------------ decisions at the edges
+
+IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
+
+
+class Failure(enum.IntEnum):
+    RETRY = 0  # send the request once more on a new connection
+    BAD_GATEWAY = 1  # answer 502 in its turn; the worker is unroutable until its socket accepts again
+    CUT = 2  # the answer had begun: only a cut connection tells the client (a truncated answer)
+    LATE = 3  # the exchange is over already: nothing to do
+
+
+def upstream_lost(phase: Phase, *, reused: bool, received: bool, retried: bool, has_body: bool, method: bytes,
+                  upgrading: bool) -> Failure:
+    """The worker's connection ended before the answer did. Retry once only when nothing can have happened
+    twice: a kept-alive connection the worker closed while idle (nothing received), an idempotent method, no
+    body, no upgrade, not retried already (RFC 9110 §9.2.2)."""
+    if phase == Phase.DONE or phase == Phase.QUEUED:
+        return Failure.LATE
+    if phase == Phase.ANSWERING:
+        return Failure.CUT
+    if reused and not received and not retried and not has_body and method in IDEMPOTENT and not upgrading:
+        return Failure.RETRY
+    return Failure.BAD_GATEWAY
+
+
+class Timeout(enum.IntEnum):
+    CLOSE = 0  # an idle keep-alive connection, or a head that never completed: just close
+    GATEWAY_TIMEOUT = 1  # forwarded, the answer never began: 504, then close
+    CUT = 2  # the answer began and stalled: cut
+
+
+def timed_out(phase: Phase | None) -> Timeout:
+    """No byte moved either way for the timeout; ``phase``: the first request's, None when there is none."""
+    if phase == Phase.FORWARDING:
+        return Timeout.GATEWAY_TIMEOUT
+    if phase == Phase.ANSWERING:
+        return Timeout.CUT
+    return Timeout.CLOSE
+
+
+def client_left(phase: Phase, status: int) -> int | None:
+    """The status to close the counters entry with when the client goes away (as nginx: 499 while nothing of
+    the answer was sent, else the answer's own status); None when nothing is open."""
+    if phase == Phase.FORWARDING:
+        return 499
+    if phase == Phase.ANSWERING:
+        return status
+    return None
+
+
+class CloseMode(enum.IntEnum):
+    KEEP = 0  # serve the next request on the connection
+    CLOSE = 1  # close now: everything the client sent was read
+    LINGER = 2  # end our side, read and drop what still comes for a moment, then close
+
+
+def after_own_answer(*, close: bool, keep_alive: bool, client_eof: bool, stopping: bool, upgrading: bool,
+                     body_done: bool, expect: bool, parse_error: bool) -> CloseMode:
+    """How the connection goes on after an answer of the front's own. Closing at once while the client may
+    still be sending would reset the connection, and a reset can destroy the answer in the client's receive
+    buffer before it is read: then the close lingers (nginx's lingering close)."""
+    if not (close or not keep_alive or client_eof or stopping or upgrading or (not body_done and expect)):
+        return CloseMode.KEEP
+    return CloseMode.CLOSE if body_done and not parse_error else CloseMode.LINGER
+
+
+def after_worker_answer(*, response_close: bool | None, body_done: bool, client_eof: bool, stopping: bool,
+                        upgrading: bool) -> bool:
+    """Whether the client connection closes after a worker's complete answer (``response_close`` None: the
+    answer ended without a head, which cannot happen on a complete answer and closes)."""
+    return response_close is None or response_close or not body_done or client_eof or stopping or upgrading
