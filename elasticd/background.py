@@ -9,7 +9,18 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-__all__ = ["Background"]
+__all__ = ["Background", "watch"]
+
+
+def watch(task: asyncio.Task[Any], log: logging.Logger, purpose: str) -> asyncio.Task[Any]:
+    """Log ``task``'s failure, naming what it was for, as soon as it ends (a task nobody awaits would
+    otherwise fail silently, or with asyncio's "exception was never retrieved" at garbage collection and no
+    word of what it did). Cancellation is no failure. Returns the task."""
+    def done(finished: asyncio.Task[Any]) -> None:
+        if not finished.cancelled() and finished.exception() is not None:
+            log.error("%s failed", purpose, exc_info=finished.exception())
+    task.add_done_callback(done)
+    return task
 
 
 class Background:

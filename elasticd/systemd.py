@@ -23,6 +23,8 @@ import socket
 import sys
 import time
 
+from elasticd.background import watch
+
 __all__ = ["Notifier", "notify_address", "setup_logging"]
 
 log = logging.getLogger("elasticd.systemd")
@@ -157,7 +159,8 @@ class Notifier:
     def start_watchdog(self) -> None:
         interval = watchdog_interval(os.environ, os.getpid())
         if interval is not None and self._watchdog_task is None:
-            self._watchdog_task = asyncio.create_task(self._watchdog(interval), name="watchdog")
+            self._watchdog_task = watch(asyncio.create_task(self._watchdog(interval), name="watchdog"), log,
+                                        "the systemd watchdog ping")
 
     async def stop_watchdog(self) -> None:
         if self._watchdog_task is not None:

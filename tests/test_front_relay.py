@@ -175,4 +175,4 @@ def test_the_lingering_close(changes, expected):
     (False, {"client_eof": True}, True), (False, {"stopping": True}, True), (False, {"upgrading": True}, True)])
 def test_after_a_worker_answer(response_close, changes, expected):
     facts = {"body_done": True, "client_eof": False, "stopping": False, "upgrading": False, **changes}
-    assert after_worker_answer(response_close=response_close, **facts) is expected
+    assert after_worker_answer(response_close, **facts) is expected

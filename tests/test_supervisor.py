@@ -346,7 +346,7 @@ def test_runnable_names_the_path_and_why():
     from pathlib import Path
 
     from elasticd.config.model import RunAs
-    from elasticd.supervisor.spawn import runnable
+    from elasticd.supervisor.runnable import runnable
     nobody = RunAs("nobody", 65534, "nogroup", 65534, "/")
     tmp_path = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's own tmp_path is under a 0700 directory of root's
     private = tmp_path / "private"

@@ -31,11 +31,9 @@ from elasticd.front.core.relay import (
     timed_out,
     upstream_lost,
 )
-from elasticd.front.upstream import MAX_IDLE
 
 if TYPE_CHECKING:
-    from elasticd.front.server import Front
-    from elasticd.front.upstream import UpstreamConn
+    from elasticd.front.links import FrontSide, WorkerSide
 
 __all__ = ["ClientConn"]
 
@@ -48,13 +46,14 @@ _LINGER = 2.0  # seconds a closing connection still reads (and drops) what the c
 
 
 _QUEUED, _FORWARDING, _DONE = Phase.QUEUED, Phase.FORWARDING, Phase.DONE
+_ANSWER_END, _CUT, _UPGRADE, _CLIENT_LEFT = Event.ANSWER_END, Event.CUT, Event.UPGRADE, Event.CLIENT_LEFT
 
 
 class ClientConn(asyncio.Protocol):
     __slots__ = ("active_at", "clock", "cur", "draining", "eof", "front", "head_bytes", "on_header", "parser",
                  "paused", "peer", "pending", "queue", "reader", "transport", "tunnel", "upgrading")
 
-    def __init__(self, front: Front) -> None:
+    def __init__(self, front: FrontSide) -> None:
         self.front = front
         self.clock = front.clock
         self.transport: asyncio.Transport | None = None
@@ -65,7 +64,7 @@ class ClientConn(asyncio.Protocol):
         self.queue: deque[Exchange] = deque()
         self.cur: Exchange | None = None  # the request being parsed
         self.upgrading: Exchange | None = None  # an upgrade request: what follows its head is raw
-        self.tunnel: UpstreamConn | None = None
+        self.tunnel: WorkerSide | None = None
         self.head_bytes = 0
         self.pending = 0  # request body bytes read and not yet written to a worker
         self.paused = 0
@@ -96,7 +95,7 @@ class ClientConn(asyncio.Protocol):
                 if ex.conn is not None:
                     ex.conn.close()
                     ex.conn = None
-                self.front.settle(ex, status, Event.CLIENT_LEFT)
+                self.front.settle(ex, status, _CLIENT_LEFT)
             self.queue.clear()
 
     def eof_received(self) -> bool:
@@ -181,12 +180,15 @@ class ClientConn(asyncio.Protocol):
         assert cur is not None
         parser = self.parser
         cur.method = parser.get_method()
-        cur.http11 = http1.is_http11(parser, self.reader.tokens)
-        cur.head = self.reader.finish(cur.http11, parser.should_upgrade())
+        tokens = self.reader.tokens
+        # is_http11's common case inlined: keep-alive without a Connection header is HTTP/1.1.
+        cur.http11 = http11 = (tokens is None and parser.should_keep_alive()) or http1.is_http11(parser, tokens)
+        cur.head = self.reader.finish(http11, parser.should_upgrade())
         limit = self.front.max_header_bytes
         if self.reader.size + len(cur.url) > limit:
             cur.error = http1.oversize_status(len(cur.url), self.reader.size, limit)
-        else:
+        elif not http11 or cur.head.host is None or cur.url[:1] != b"/":
+            # Anything but the common HTTP/1.1, Host and origin-form request goes through RFC 9112's checks.
             status, why, cur.url = http1.head_refusal(cur.head, cur.url, cur.http11,
                                                       None if cur.http11 else parser.get_http_version())
             if status:
@@ -334,34 +336,21 @@ class ClientConn(asyncio.Protocol):
 
     # ------------------------------------------------------------------ driven by the worker side
 
-    def answered(self, ex: Exchange, conn: UpstreamConn) -> None:
-        """The worker's answer is complete (and was relayed)."""
-        response = conn.response
+    def answered(self, ex: Exchange, close_after: bool | None) -> None:
+        """The worker's answer is complete and was relayed (its connection went back to its pool or closed)."""
         ex.conn = None
-        conn.pool.counters.answered += 1
-        if response is not None and response.reusable and ex.sent and not conn.tunnel:
-            conn.ex = conn.client = None  # conn.release(), inlined for the common case
-            pool = conn.pool
-            if conn.paused or pool.closed or len(pool.idle) >= MAX_IDLE:
-                conn.release()
-            else:
-                pool.idle.append(conn)
-        else:
-            conn.close()
-        self.front.settle(ex, ex.status, Event.ANSWER_END)
+        self.front.settle(ex, ex.status, _ANSWER_END)
         queue = self.queue
         if queue and queue[0] is ex:
             queue.popleft()
-        if after_worker_answer(response_close=None if response is None else response.close,
-                               body_done=ex.body_done, client_eof=self.eof, stopping=self.front.stopping,
-                               upgrading=self.upgrading is ex):
+        if after_worker_answer(close_after, ex.body_done, self.eof, self.front.stopping, self.upgrading is ex):
             if self.transport is not None:
                 self.transport.close()
             return
         self._pump()
 
-    def upstream_failed(self, ex: Exchange, conn: UpstreamConn, why: str) -> None:
-        failure = upstream_lost(ex.phase, reused=conn.reused, received=conn.received, retried=ex.retried,
+    def upstream_failed(self, ex: Exchange, reused: bool, received: bool, why: str) -> None:
+        failure = upstream_lost(ex.phase, reused=reused, received=received, retried=ex.retried,
                                 has_body=ex.head.has_body, method=ex.method, upgrading=self.upgrading is ex)
         if failure is Failure.LATE or self.transport is None:
             return
@@ -371,25 +360,24 @@ class ClientConn(asyncio.Protocol):
             # never a complete-looking wrong one).
             log.warning("%s %s: worker %s %s mid-answer; cutting the client connection",
                         ex.method.decode(), ex.url.decode(errors="replace"), ex.worker, why)
-            self.front.settle(ex, ex.status, Event.CUT)
+            self.front.settle(ex, ex.status, _CUT)
             self.transport.close()
             return
         if failure is Failure.RETRY:
             # A kept-alive connection the worker closed while idle: safe to send once more.
             ex.retry()
-            self.front.connect(self, ex, conn.pool)
+            self.front.retry(self, ex)
             return
         log.warning("%s %s: worker %s %s", ex.method.decode(), ex.url.decode(errors="replace"), ex.worker, why)
-        self.front.worker_failed(ex.worker, conn.pool.path)
+        self.front.worker_failed(ex.worker)
         self.front.relay_failed(self, ex, 502, "the worker could not be reached")
 
-    def became_tunnel(self, ex: Exchange, conn: UpstreamConn, tail: bytes) -> None:
+    def became_tunnel(self, ex: Exchange, conn: WorkerSide, tail: bytes) -> None:
         """101 Switching Protocols went to the client: both connections now carry the new protocol."""
         if tail:
             self.write(tail)
-        conn.pool.counters.answered += 1
         ex.conn = None
-        self.front.settle(ex, 101, Event.UPGRADE)
+        self.front.settle(ex, 101, _UPGRADE)
         if self.queue and self.queue[0] is ex:
             self.queue.popleft()
         self.tunnel = conn
@@ -438,7 +426,7 @@ class ClientConn(asyncio.Protocol):
         if decision is Timeout.CUT:
             log.warning("%s %s: worker %s stalled mid-answer; cutting the client connection",
                         ex.method.decode(), ex.url.decode(errors="replace"), ex.worker)
-            self.front.settle(ex, ex.status, Event.CUT)
+            self.front.settle(ex, ex.status, _CUT)
             transport.close()
             return
         log.warning("%s %s: worker %s did not answer within %gs", ex.method.decode(),

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import cast
 
+from elasticd.background import watch
 from elasticd.config.model import Address, Quotas
 from elasticd.front.client import ClientConn
 from elasticd.front.core.counters import ForwardCounters
@@ -35,6 +36,7 @@ log = logging.getLogger("elasticd.front")
 WorkersFn = Callable[[str, str, str], Sequence[Upstream]]
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_FORWARDING, _REFUSE, _FAIL = Phase.FORWARDING, Event.REFUSE, Event.FAIL
 _MISS = object()
 _MAX_HOSTS = 1024  # Host header values remembered with their route (a flood of odd names only resets it)
 STALE_MARGIN = 10.0  # seconds past request_timeout before a dead open-requests entry is swept
@@ -142,7 +144,7 @@ class Front:
         """Open WebSocket tunnels per worker: counted from the connections themselves, so it cannot drift."""
         counts: dict[str, int] = {}
         for conn in list(self.conns):
-            tunnel = conn.tunnel
+            tunnel = cast("UpstreamConn | None", conn.tunnel)  # the listener made it: an UpstreamConn
             if tunnel is not None and not tunnel.closed:
                 worker = tunnel.pool.worker_id
                 counts[worker] = counts.get(worker, 0) + 1
@@ -203,7 +205,7 @@ class Front:
 
     def _refuse(self, client: ClientConn, ex: Exchange, status: int, text: str, retry_after: int | None = None,
                 close: bool = False) -> None:
-        ex.advance(Event.REFUSE)
+        ex.advance(_REFUSE)
         client.answer(ex, status, text, retry_after=retry_after, close=close)
 
     def dispatch(self, client: ClientConn, ex: Exchange) -> None:
@@ -212,21 +214,20 @@ class Front:
             return
         target = self.target(ex.head.host)
         now = self.clock()
-        workers = self._workers(*target.route.key) if target is not None else ()
+        if target is not None:
+            route = target.route
+            workers = self._workers(route.tenant, route.app, route.group)
+        else:
+            workers = []
         decision = decide(target, ex.head, now, workers, self.unroutable, self.surface, self.place, self.accounting)
         if isinstance(decision, Refuse):
             self._refuse(client, ex, decision.status, decision.text, retry_after=decision.retry_after)
             return
         assert target is not None
-        forward = decision
-        upstream = cast(Upstream, forward.worker)  # one of ``workers``: the shell's Upstreams
+        upstream, ex.user, ex.entry, ex.cookie_line, ex.quota = decision
         ex.route = target.route
         ex.stats = target.stats
         ex.ts = now
-        ex.quota = forward.quota
-        ex.user = forward.user
-        ex.entry = forward.entry
-        ex.cookie_line = forward.cookie_line
         ex.worker = upstream.worker_id
         pool = self._pools.get(upstream.worker_id)
         if pool is None or pool.path != upstream.socket_path:
@@ -244,6 +245,14 @@ class Front:
         else:
             self.connect(client, ex, pool)
 
+    def retry(self, client: ClientConn, ex: Exchange) -> None:
+        """Send ``ex`` once more, on a new connection to the same worker (its relay allowed it)."""
+        pool = self._pools.get(ex.worker) if ex.worker is not None else None
+        if pool is None:  # the worker's pool went meanwhile (found dead by another request)
+            self.relay_failed(client, ex, 502, "the worker could not be reached")
+            return
+        self.connect(client, ex, pool)
+
     def connect(self, client: ClientConn, ex: Exchange, pool: ConnectionPool) -> None:
         task = asyncio.get_running_loop().create_task(pool.connect())
         self._connecting.add(task)
@@ -255,7 +264,7 @@ class Front:
         if task.cancelled():
             return
         error = task.exception()
-        late = ex.phase is not Phase.FORWARDING or client.transport is None
+        late = ex.phase is not _FORWARDING or client.transport is None
         if error is not None:
             if late:
                 return
@@ -279,7 +288,7 @@ class Front:
         """A forwarded request failed before its answer started: the front answers it, in its turn."""
         target = self._targets.get(ex.head.host)
         label = f"{target.route}: " if isinstance(target, Target) else ""
-        self.settle(ex, status, Event.FAIL)
+        self.settle(ex, status, _FAIL)
         client.answer(ex, status, label + text, close=close)
         client.serve_next()
 
@@ -317,13 +326,20 @@ class Front:
         if chosen is not None and chosen != worker:
             self.surface.assign(user, chosen, now)
 
-    def worker_failed(self, worker_id: str | None, path: str) -> None:
-        """Refused, vanished or dropped a request unanswered: unroutable until its socket accepts again."""
+    def worker_failed(self, worker_id: str | None, path: str | None = None) -> None:
+        """Refused, vanished or dropped a request unanswered: unroutable until its socket accepts again.
+        ``path``: its socket, by default its connection pool's."""
         if worker_id is None or worker_id in self.unroutable:
             return
+        if path is None:
+            pool = self._pools.get(worker_id)
+            if pool is None:  # no pool, no socket to probe: leave it routable rather than lost for good
+                return
+            path = pool.path
         self.unroutable.add(worker_id)
         self._drop_pool(worker_id)
-        self._probes[worker_id] = asyncio.get_running_loop().create_task(self._probe(worker_id, path))
+        self._probes[worker_id] = watch(asyncio.get_running_loop().create_task(self._probe(worker_id, path)), log,
+                                        f"probing worker {worker_id}'s socket")
 
     async def _probe(self, worker_id: str, path: str) -> None:
         loop = asyncio.get_running_loop()

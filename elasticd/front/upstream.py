@@ -19,8 +19,8 @@ from elasticd.front.core.http1 import CHUNK, NONE, ResponseHead, ResponseReader,
 from elasticd.front.core.relay import RelayError
 
 if TYPE_CHECKING:
-    from elasticd.front.client import ClientConn
     from elasticd.front.core.exchange import Exchange
+    from elasticd.front.links import ClientSide
 
 __all__ = ["MAX_IDLE", "ConnectionPool", "Upstream", "UpstreamConn"]
 
@@ -45,7 +45,7 @@ class UpstreamConn(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.stale_parser = False  # a bodiless answer was cut short of the parser's idea of its body
         self.ex: Exchange | None = None
-        self.client: ClientConn | None = None
+        self.client: ClientSide | None = None
         self.closed = False
         self.reused = False
         self.tunnel = False
@@ -63,7 +63,7 @@ class UpstreamConn(asyncio.Protocol):
 
     # ------------------------------------------------------------------ driven by the client side
 
-    def attach(self, ex: Exchange, client: ClientConn, reused: bool) -> None:
+    def attach(self, ex: Exchange, client: ClientSide, reused: bool) -> None:
         ex.attach(self)  # first: an exchange that cannot take a connection now raises before anything changes
         if self.stale_parser:
             self.parser = httptools.HttpResponseParser(self)
@@ -127,9 +127,11 @@ class UpstreamConn(asyncio.Protocol):
                 # A body delimited by the worker closing: this is its end.
                 if self.response.framing == CHUNK:
                     client.write(b"0\r\n\r\n")
-                client.answered(ex, self)
+                self.pool.counters.answered += 1
+                client.answered(ex, self.response.close)
             else:
-                client.upstream_failed(ex, self, "closed the connection" if exc is None else str(exc))
+                client.upstream_failed(ex, self.reused, self.received,
+                                       "closed the connection" if exc is None else str(exc))
         except RelayError as error:
             client.fail_closed(error)
 
@@ -157,7 +159,7 @@ class UpstreamConn(asyncio.Protocol):
                 client.write(b"".join(self.out))
                 self.out = []
             if self.done:
-                client.answered(ex, self)
+                self._answered(client, ex)
         except RelayError as error:
             self.close()
             client.fail_closed(error)
@@ -165,6 +167,7 @@ class UpstreamConn(asyncio.Protocol):
             self._flush(client)
             self.tunnel = True
             try:
+                self.pool.counters.answered += 1
                 client.became_tunnel(ex, self, data[exc.args[0]:])
             except RelayError as error:
                 self.close()
@@ -176,11 +179,27 @@ class UpstreamConn(asyncio.Protocol):
             self.client = self.ex = None
             self._flush(client)
             try:
-                client.upstream_failed(ex, self, f"sent a malformed answer ({exc})")
+                client.upstream_failed(ex, self.reused, self.received, f"sent a malformed answer ({exc})")
             except RelayError as error:
                 client.fail_closed(error)
 
-    def _flush(self, client: ClientConn) -> None:
+    def _answered(self, client: ClientSide, ex: Exchange) -> None:
+        """The answer is complete: this connection goes back to its pool when the worker keeps it alive and
+        the request went whole (else it closes), then the client side is told."""
+        response = self.response
+        pool = self.pool
+        pool.counters.answered += 1  # the worker's own answer: the pool's evidence of progress
+        if response is not None and response.reusable and ex.sent:
+            self.ex = self.client = None  # release(), inlined for the common case
+            if self.paused or pool.closed or len(pool.idle) >= MAX_IDLE:
+                self.release()
+            else:
+                pool.idle.append(self)
+        else:
+            self.close()
+        client.answered(ex, None if response is None else response.close)
+
+    def _flush(self, client: ClientSide) -> None:
         if self.out:
             client.write(b"".join(self.out))
             self.out = []

@@ -18,8 +18,10 @@ from collections.abc import Callable, Mapping
 
 import psutil
 
+from elasticd.background import watch
 from elasticd.supervisor.backoff import RestartPolicy
-from elasticd.supervisor.spawn import WorkerSpec, runnable, socket_path, spawn_argv, worker_env
+from elasticd.supervisor.runnable import runnable
+from elasticd.supervisor.spawn import WorkerSpec, socket_path, spawn_argv, worker_env
 
 __all__ = ["Worker"]
 
@@ -106,7 +108,8 @@ class Worker:
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"worker {self.id}")
+            self._task = watch(asyncio.create_task(self._run(), name=f"worker {self.id}"), log,
+                               f"supervising worker {self.id}")
 
     async def wait_routable(self, timeout: float) -> bool:
         """True once the worker accepts connections; False on timeout or when it failed."""
@@ -218,8 +221,9 @@ class Worker:
             return None
         self._process = process
         log.info("worker %s started, pid %d", self.id, process.pid)
-        pump = asyncio.create_task(self._pump_output(process))
-        probe = asyncio.create_task(self._await_socket(process))
+        pump = watch(asyncio.create_task(self._pump_output(process)), log, f"relaying worker {self.id}'s output")
+        probe = watch(asyncio.create_task(self._await_socket(process)), log,
+                      f"waiting for worker {self.id}'s socket")
         try:
             returncode = await process.wait()
         finally:

@@ -12,7 +12,7 @@ from typing import Protocol
 from elasticd.front.core import http1
 from elasticd.front.core.counters import RouteStats, WorkerCounters
 from elasticd.front.core.quota import TenantQuota
-from elasticd.front.core.relay import Event, Phase, step
+from elasticd.front.core.relay import EVENTS, NEXT, PHASES, Event, Phase, illegal, step
 from elasticd.front.core.routing import AppRoute
 from elasticd.front.core.sticky import SurfaceUser
 
@@ -34,7 +34,9 @@ class Link(Protocol):
     def resume(self) -> None: ...
 
 
-_FORWARDING, _ANSWERING, _DONE = Phase.FORWARDING, Phase.ANSWERING, Phase.DONE
+_QUEUED, _FORWARDING, _ANSWERING, _DONE = Phase.QUEUED, Phase.FORWARDING, Phase.ANSWERING, Phase.DONE
+# The steps every request takes, inlined below (step() itself serves the rest): next = NEXT[phase * EVENTS + e].
+_FORWARD, _ATTACH, _RETRY, _ANSWER_HEAD = Event.FORWARD, Event.ATTACH, Event.RETRY, Event.ANSWER_HEAD
 
 
 class Exchange:
@@ -45,7 +47,7 @@ class Exchange:
                  "url", "user", "worker")
 
     def __init__(self) -> None:
-        self.phase = Phase.QUEUED
+        self.phase: Phase = _QUEUED
         self.method = b""
         self.url = b""
         self.head: http1.RequestHead = NO_HEAD
@@ -70,25 +72,37 @@ class Exchange:
         self.ts = 0.0
 
     def advance(self, event: Event) -> None:
-        self.phase = step(self.phase, event)
+        to = NEXT[self.phase * EVENTS + event]  # step(), inlined: every request ends through here
+        if to < 0:
+            raise illegal(self.phase, event)
+        self.phase = PHASES[to]
 
     def forward(self, rid: int) -> None:
-        self.phase = step(self.phase, Event.FORWARD)
+        to = NEXT[self.phase * EVENTS + _FORWARD]
+        if to < 0:
+            raise illegal(self.phase, _FORWARD)
+        self.phase = PHASES[to]
         self.rid = rid
 
     def attach(self, conn: Link) -> None:
-        self.phase = step(self.phase, Event.ATTACH)
+        to = NEXT[self.phase * EVENTS + _ATTACH]
+        if to < 0:
+            raise illegal(self.phase, _ATTACH)
+        self.phase = PHASES[to]
         self.conn = conn
 
     def retry(self) -> None:
         if self.retried:
             raise ValueError("a request is sent again at most once")
-        self.phase = step(self.phase, Event.RETRY)
+        self.phase = step(self.phase, _RETRY)
         self.retried = True
         self.conn = None
 
     def answer_head(self, status: int, login: bytes | None) -> None:
-        self.phase = step(self.phase, Event.ANSWER_HEAD)
+        to = NEXT[self.phase * EVENTS + _ANSWER_HEAD]
+        if to < 0:
+            raise illegal(self.phase, _ANSWER_HEAD)
+        self.phase = PHASES[to]
         self.status = status
         self.login = login
 

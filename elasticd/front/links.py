@@ -1,0 +1,74 @@
+"""What the two halves of the relay see of each other: the client connection (``client.ClientConn``) and a
+worker connection (``upstream.UpstreamConn``) each drive the relay core and talk to the other only through
+these Protocols, so neither module imports the other (the front's listener, ``server.py``, builds both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from elasticd.front.core.exchange import Exchange
+from elasticd.front.core.relay import Event, RelayError
+
+__all__ = ["ClientSide", "FrontSide", "WorkerSide"]
+
+
+class WorkerSide(Protocol):
+    """A connection to a worker, as the client connection holds it (``Exchange.conn``, or the tunnel)."""
+
+    @property
+    def transport(self) -> object | None: ...
+
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+class ClientSide(Protocol):
+    """The client connection, as a worker connection streams an answer to it."""
+
+    active_at: float
+    clock: Callable[[], float]
+
+    def write(self, data: bytes) -> None: ...
+
+    def answered(self, ex: Exchange, close_after: bool | None) -> None:
+        """The worker's answer is complete and was relayed. ``close_after``: what its head said (None: no
+        head came, which closes)."""
+
+    def upstream_failed(self, ex: Exchange, reused: bool, received: bool, why: str) -> None: ...
+
+    def became_tunnel(self, ex: Exchange, conn: WorkerSide, tail: bytes) -> None: ...
+
+    def tunnel_closed(self) -> None: ...
+
+    def pause_reading_for_upstream(self) -> None: ...
+
+    def resume_reading_for_upstream(self) -> None: ...
+
+    def fail_closed(self, error: RelayError) -> None: ...
+
+
+class FrontSide(Protocol):
+    """The listener (``server.Front``), as a client connection asks it to route, settle and give up."""
+
+    clock: Callable[[], float]
+    conns: set[Any]
+    max_header_bytes: int
+    request_timeout: float
+    stopping: bool
+
+    def dispatch(self, client: Any, ex: Exchange) -> None: ...
+
+    def settle(self, ex: Exchange, status: int, event: Event) -> None: ...
+
+    def relay_failed(self, client: Any, ex: Exchange, status: int, text: str, close: bool = False) -> None: ...
+
+    def retry(self, client: Any, ex: Exchange) -> None: ...
+
+    def worker_failed(self, worker_id: str | None, path: str | None = None) -> None: ...
