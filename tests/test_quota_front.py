@@ -135,3 +135,53 @@ def test_quota_state_is_one_per_configured_tenant(worker: list[Upstream], tmp_pa
             return set(f.quotas.tenants), len(f.accounting.open)
 
     assert run(scenario()) == ({"acme", "globex"}, 0)
+
+
+def test_quota_exactness_under_load(tmp_path: Path) -> None:
+    """10,000 requests over 200 concurrent connections against a tenant with max_concurrent_requests: 50 and a
+    worker that sleeps 20 ms: the worker never has more than 50 at once (counted at the worker), every refusal
+    is a 503 with Retry-After, nothing hangs, and the front's books are back where they were."""
+    import aiohttp
+    from aiohttp import web
+    from test_front import upstream_app
+
+    total, connections, limit = 10_000, 200, 50
+    seen = {"now": 0, "most": 0}
+
+    async def handler(request: web.Request) -> web.Response:
+        seen["now"] += 1
+        seen["most"] = max(seen["most"], seen["now"])
+        try:
+            await asyncio.sleep(0.02)
+        finally:
+            seen["now"] -= 1
+        return web.Response(text="ok")
+
+    async def scenario() -> tuple[Counter, dict[str, int]]:
+        codes: Counter = Counter()
+        left = iter(range(total))
+        async with upstream_app(tmp_path / "w.sock", handler) as ups, \
+                front(ups, quotas={"acme": Quotas(max_concurrent_requests=limit)}) as f:
+            connector = aiohttp.TCPConnector(limit=connections)
+            async with aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar()) as session:
+                async def one_connection() -> None:
+                    for _ in left:
+                        async with session.get(f"http://127.0.0.1:{f.port}/", headers={"Host": "shop.localhost"},
+                                               timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                            await resp.read()
+                            codes[(resp.status, resp.headers.get("Retry-After"))] += 1
+                await asyncio.wait_for(asyncio.gather(*(one_connection() for _ in range(connections))), 120)
+            for _ in range(100):  # the client's connections close: the front's side follows within a tick
+                if not f.conns:
+                    break
+                await asyncio.sleep(0.05)
+            books = {"open": len(f.accounting.open), "in_flight": f.quotas.get("acme").gate.in_flight,
+                     "client connections": len(f.conns), "users on the surface": len(f.surface.users)}
+        return codes, books
+
+    codes, books = run(scenario())
+    assert sum(codes.values()) == total
+    assert set(codes) <= {(200, None), (503, "1")}, codes
+    assert codes[(200, None)] >= limit and codes[(503, "1")] > 0
+    assert 0 < seen["most"] <= limit, seen
+    assert books == {"open": 0, "in_flight": 0, "client connections": 0, "users on the surface": 0}
