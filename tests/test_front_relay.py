@@ -176,3 +176,29 @@ def test_the_lingering_close(changes, expected):
 def test_after_a_worker_answer(response_close, changes, expected):
     facts = {"body_done": True, "client_eof": False, "stopping": False, "upgrading": False, **changes}
     assert after_worker_answer(response_close, **facts) is expected
+
+
+def test_forward_with_a_pooled_connection_attaches_it_in_the_same_step():
+    ex, link = Exchange(), _Link()
+    ex.forward(3, link)
+    assert (ex.phase, ex.rid, ex.conn) == (F, 3, link)
+
+
+def test_end_closes_the_counters_entry_and_the_quota_slot_once():
+    from elasticd.config.model import Quotas
+    from elasticd.front.core.counters import ForwardCounters
+    from elasticd.front.core.quota import QuotaBook
+
+    forwards = ForwardCounters()
+    quota = QuotaBook({"acme": Quotas(max_concurrent_requests=2)}, 0.0).get("acme")
+    assert quota is not None and quota.admit(0.0) is None
+    ex = Exchange()
+    ex.quota, ex.counters, ex.stats, ex.ts = quota, forwards.worker("w1"), forwards.route("acme", "shop"), 1.0
+    ex.forward(forwards.opened(ex))
+    ex.answer_head(200, None)
+    ex.end(Event.ANSWER_END, 200, 1.5, forwards)
+    assert (ex.phase, ex.rid, ex.quota, quota.gate.in_flight, forwards.open) == (D, 0, None, 0, {})
+    assert forwards.workers["w1"].requests == 1 and forwards.routes[("acme", "shop")].codes == {200: 1}
+    with pytest.raises(RelayError):  # a second end is refused before anything is counted twice
+        ex.end(Event.ANSWER_END, 200, 2.0, forwards)
+    assert forwards.workers["w1"].requests == 1

@@ -212,7 +212,11 @@ class Front:
         if ex.error is not None:
             self._refuse(client, ex, *ex.error, close=True)
             return
-        target = self.target(ex.head.host)
+        host = ex.head.host
+        try:
+            target = self._targets[host]  # target(), its cache hit inlined
+        except KeyError:
+            target = self.target(host)
         now = self.clock()
         if target is not None:
             route = target.route
@@ -235,10 +239,13 @@ class Front:
             counters = self.accounting.worker(upstream.worker_id)
             pool = self._pools[upstream.worker_id] = ConnectionPool(upstream, counters)
         ex.counters = pool.counters
-        ex.forward(self.accounting.opened(ex))
+        idle = pool.idle  # pool.take(), its common case inlined: the most recently used, still open
+        conn = idle.pop() if idle else None
+        if conn is not None and conn.closed:
+            conn = pool.take()
+        ex.forward(self.accounting.opened(ex), conn)  # FORWARD, and ATTACH of a pooled connection, in one step
         if ex.head.expect and not ex.body_done and ex.http11:
             client.write(_CONTINUE)
-        conn = pool.take()
         if conn is not None:
             conn.attach(ex, client, reused=True)
             client.send_head(ex)
@@ -278,10 +285,12 @@ class Front:
             pool.put(conn)  # the client left or timed out meanwhile: keep the connection for the next one
             return
         try:
-            conn.attach(ex, client, reused=False)
+            ex.attach(conn)
         except RelayError as exc:
+            pool.put(conn)
             client.fail_closed(exc)
             return
+        conn.attach(ex, client, reused=False)
         client.send_head(ex)
 
     def relay_failed(self, client: ClientConn, ex: Exchange, status: int, text: str, close: bool = False) -> None:
@@ -293,19 +302,10 @@ class Front:
         client.serve_next()
 
     def settle(self, ex: Exchange, status: int, event: Event) -> None:
-        """A forwarded exchange ends (``event``: answered, failed, cut, upgraded, the client left): its phase
-        moves first (an illegal end raises before anything is counted), then its counters entry closes — the
-        one place that does, so no entry is closed twice or left open."""
-        ex.advance(event)
-        rid, ex.rid = ex.rid, 0
+        """A forwarded exchange ends (``Exchange.end``: its phase, counters and quota), and a login its answer
+        carried is handed to the surface and the pool's placement."""
         now = self.clock()
-        assert ex.counters is not None and ex.stats is not None
-        self.accounting.closed(rid, status, now - ex.ts, ex.counters, ex.stats, ex.entry)
-        quota = ex.quota
-        if quota is not None:
-            if quota.gate.in_flight > 0:  # quota.leave(), inlined
-                quota.gate.in_flight -= 1
-            ex.quota = None
+        ex.end(event, status, now, self.accounting)
         login = ex.login
         if login is not None and ex.user is not None and ex.worker is not None:
             name = None if login == b"-" else login.decode("utf-8", "replace")

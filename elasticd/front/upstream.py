@@ -64,7 +64,7 @@ class UpstreamConn(asyncio.Protocol):
     # ------------------------------------------------------------------ driven by the client side
 
     def attach(self, ex: Exchange, client: ClientSide, reused: bool) -> None:
-        ex.attach(self)  # first: an exchange that cannot take a connection now raises before anything changes
+        """Carry ``ex`` (which took this connection already: ``Exchange.forward`` or ``.attach``)."""
         if self.stale_parser:
             self.parser = httptools.HttpResponseParser(self)
             self.stale_parser = False
@@ -159,7 +159,20 @@ class UpstreamConn(asyncio.Protocol):
                 client.write(b"".join(self.out))
                 self.out = []
             if self.done:
-                self._answered(client, ex)
+                # The answer is complete: this connection goes back to its pool when the worker keeps it alive
+                # and the request went whole (else it closes), then the client side is told.
+                response = self.response
+                pool = self.pool
+                pool.counters.answered += 1  # the worker's own answer: the pool's evidence of progress
+                if response is not None and response.reusable and ex.sent:
+                    self.ex = self.client = None  # release(), inlined
+                    if self.paused or pool.closed or len(pool.idle) >= MAX_IDLE:
+                        self.release()
+                    else:
+                        pool.idle.append(self)
+                else:
+                    self.close()
+                client.answered(ex, None if response is None else response.close)
         except RelayError as error:
             self.close()
             client.fail_closed(error)
@@ -183,22 +196,6 @@ class UpstreamConn(asyncio.Protocol):
             except RelayError as error:
                 client.fail_closed(error)
 
-    def _answered(self, client: ClientSide, ex: Exchange) -> None:
-        """The answer is complete: this connection goes back to its pool when the worker keeps it alive and
-        the request went whole (else it closes), then the client side is told."""
-        response = self.response
-        pool = self.pool
-        pool.counters.answered += 1  # the worker's own answer: the pool's evidence of progress
-        if response is not None and response.reusable and ex.sent:
-            self.ex = self.client = None  # release(), inlined for the common case
-            if self.paused or pool.closed or len(pool.idle) >= MAX_IDLE:
-                self.release()
-            else:
-                pool.idle.append(self)
-        else:
-            self.close()
-        client.answered(ex, None if response is None else response.close)
-
     def _flush(self, client: ClientSide) -> None:
         if self.out:
             client.write(b"".join(self.out))
@@ -214,7 +211,8 @@ class UpstreamConn(asyncio.Protocol):
         assert ex is not None
         parser = self.parser
         status = parser.get_status_code()
-        upstream11 = is_http11(parser, self.reader.tokens)
+        tokens = self.reader.tokens
+        upstream11 = (tokens is None and parser.should_keep_alive()) or is_http11(parser, tokens)  # common case first
         if 100 <= status < 200 and status != 101:
             # An interim answer (103 Early Hints...): passed on to an HTTP/1.1 client; the final one follows.
             self.interim = True

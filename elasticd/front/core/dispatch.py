@@ -77,7 +77,10 @@ def decide(target: Target | None, head: RequestHead, now: float, workers: Sequen
     user = user_from_cookie(cookie) if cookie is not None else None
     if user is None:
         user = new_user_id()
-        return (_placed(None, surface, workers, place), user, None, set_cookie_line(user, head.secure), quota)
+        chosen = place(None, surface, workers)
+        first = workers[0]  # the reception, nearly always placement's choice for a new user: no search
+        worker = first if chosen == first.worker_id else _placed(chosen, workers)
+        return (worker, user, None, set_cookie_line(user, head.secure), quota)
     entry = surface.users.get(user)
     if entry is not None:
         wanted = entry.worker
@@ -86,18 +89,14 @@ def decide(target: Target | None, head: RequestHead, now: float, workers: Sequen
                 entry.seen = now
                 return (candidate, user, entry, b"", quota)
     # New on the surface, or its worker went: (re-)placed.
-    worker = _placed(user, surface, workers, place)
+    worker = _placed(place(user, surface, workers), workers)
     return (worker, user, surface.assign(user, worker.worker_id, now), b"", quota)
 
 
-def _placed(user: str | None, surface: Surface, workers: Sequence[W], place: PlaceFn) -> W:
+def _placed(chosen: str, workers: Sequence[W]) -> W:
     """Placement's choice among ``workers``; the reception when it names none of them (a policy that
     answered with a worker that is not routable, or a bug of its own: never a request sent nowhere)."""
-    chosen = place(user, surface, workers)
-    first = workers[0]
-    if chosen == first.worker_id:
-        return first
     for worker in workers:
         if worker.worker_id == chosen:
             return worker
-    return first
+    return workers[0]

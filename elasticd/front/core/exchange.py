@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from elasticd.front.core import http1
-from elasticd.front.core.counters import RouteStats, WorkerCounters
+from elasticd.front.core.counters import ForwardCounters, RouteStats, WorkerCounters
 from elasticd.front.core.quota import TenantQuota
 from elasticd.front.core.relay import EVENTS, NEXT, PHASES, Event, Phase, illegal, step
 from elasticd.front.core.routing import AppRoute
@@ -71,18 +71,40 @@ class Exchange:
         self.rid = 0  # the open-requests id while FORWARDING or ANSWERING, else 0
         self.ts = 0.0
 
+    def end(self, event: Event, status: int, now: float, forwards: ForwardCounters) -> None:
+        """A forwarded exchange ends (``event``: answered, failed, cut, upgraded, the client left): its phase
+        moves first (an illegal end raises before anything is counted), then its counters entry closes and its
+        quota slot is given back — the one place that does either, so nothing is closed twice or left open."""
+        to = NEXT[self.phase * EVENTS + event]  # step(), inlined: every forwarded request ends through here
+        if to < 0:
+            raise illegal(self.phase, event)
+        self.phase = PHASES[to]
+        rid, self.rid = self.rid, 0
+        counters, stats = self.counters, self.stats
+        assert counters is not None and stats is not None  # set by the shell with FORWARD
+        forwards.closed(rid, status, now - self.ts, counters, stats, self.entry)
+        quota = self.quota
+        if quota is not None:
+            if quota.gate.in_flight > 0:  # quota.leave(), inlined
+                quota.gate.in_flight -= 1
+            self.quota = None
+
     def advance(self, event: Event) -> None:
         to = NEXT[self.phase * EVENTS + event]  # step(), inlined: every request ends through here
         if to < 0:
             raise illegal(self.phase, event)
         self.phase = PHASES[to]
 
-    def forward(self, rid: int) -> None:
+    def forward(self, rid: int, conn: Link | None = None) -> None:
+        """FORWARD, opened in the counters as ``rid``; with ``conn`` (a pooled connection taken at once) also its
+        ATTACH, in the same call (the row exists: a forwarding exchange takes a connection)."""
         to = NEXT[self.phase * EVENTS + _FORWARD]
         if to < 0:
             raise illegal(self.phase, _FORWARD)
         self.phase = PHASES[to]
         self.rid = rid
+        if conn is not None:
+            self.conn = conn  # FORWARDING --ATTACH--> FORWARDING
 
     def attach(self, conn: Link) -> None:
         to = NEXT[self.phase * EVENTS + _ATTACH]
