@@ -104,7 +104,7 @@ class Daemon:
         self.limits = RuntimeLimits(lambda: self.config, config_path,
                                     lambda t: self.cgroups.write_tenant(self.config, t, self.limits.resources_of(t)),
                                     self.reload)
-        self.pool = PoolManager(self.supervisor, self.front.surface, self.front.accounting,
+        self.pool = PoolManager(self.supervisor, self.front.surface, self.front.forwards,
                                 interval=server.occupancy_interval, hung_after=server.hung_after,
                                 budget=self._budget, tunnels=self.front.tunnels_by_worker)
         self.front.on_login = self.pool.on_login

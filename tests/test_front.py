@@ -193,7 +193,7 @@ def test_dead_worker_is_502_unroutable_until_it_accepts_again(tmp_path: Path) ->
                     await asyncio.sleep(0.05)
                 async with request("/") as resp:
                     text = await resp.text()
-            counters = f.accounting.workers
+            counters = f.forwards.workers
             assert (counters["gone"].requests, counters["gone"].errors) == (2, 1)
             assert (counters["refusing"].requests, counters["refusing"].errors) == (1, 1)
         return statuses, unroutable, text
@@ -403,10 +403,10 @@ def test_client_hanging_up_frees_the_worker(tmp_path: Path) -> None:
                     break
                 await asyncio.sleep(0.02)
             for _ in range(50):
-                if not f.accounting.open:
+                if not f.forwards.open:
                     break
                 await asyncio.sleep(0.02)
-            assert f.accounting.open == {} and f.accounting.routes[("acme", "shop")].codes == {499: 1}
+            assert f.forwards.open == {} and f.forwards.routes[("acme", "shop")].codes == {499: 1}
             assert f.unroutable == set()
         return events
 

@@ -92,7 +92,7 @@ def test_ten_thousand_requests_never_exceed_the_limit(tmp_path: Path) -> None:
                 writer.write(b"GET /stats HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
                 stats = json.loads((await reader.read()).split(b"\r\n\r\n", 1)[1])
                 writer.close()
-                return results, stats, took, len(f.accounting.open), f.quotas.get("acme").gate.in_flight
+                return results, stats, took, len(f.forwards.open), f.quotas.get("acme").gate.in_flight
 
         results, stats, took, still_open, in_flight = run(scenario())
     finally:

@@ -191,7 +191,7 @@ def test_websocket_is_relayed_both_ways(tmp_path: Path) -> None:
                     break
                 await asyncio.sleep(0.02)
             got.append(len(f.conns))
-            got.append(dict(f.accounting.routes[("acme", "shop")].codes))
+            got.append(dict(f.forwards.routes[("acme", "shop")].codes))
             return got
 
     assert run(scenario()) == ["welcome ", "HELLO", True, 0, {101: 1}]

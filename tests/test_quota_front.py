@@ -132,7 +132,7 @@ def test_quota_state_is_one_per_configured_tenant(worker: list[Upstream], tmp_pa
                 client(f) as request:
             for i in range(30):  # many hosts and users: no per-request state stays behind
                 await fetch(request, f"/?n={i}", host="shop.localhost" if i % 2 else "blog.localhost")
-            return set(f.quotas.tenants), len(f.accounting.open)
+            return set(f.quotas.tenants), len(f.forwards.open)
 
     assert run(scenario()) == ({"acme", "globex"}, 0)
 
@@ -175,7 +175,7 @@ def test_quota_exactness_under_load(tmp_path: Path) -> None:
                 if not f.conns:
                     break
                 await asyncio.sleep(0.05)
-            books = {"open": len(f.accounting.open), "in_flight": f.quotas.get("acme").gate.in_flight,
+            books = {"open": len(f.forwards.open), "in_flight": f.quotas.get("acme").gate.in_flight,
                      "client connections": len(f.conns), "users on the surface": len(f.surface.users)}
         return codes, books
 

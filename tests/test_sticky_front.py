@@ -60,7 +60,7 @@ def test_each_user_stays_on_one_worker(two_workers: list[DemoWorker]) -> None:
                 order[:] = [w1, w2] if round_ % 2 else [w2, w1]
                 for user in seen:
                     seen[user].add((await visit(request, user))[0])
-            counters = {w: (c.requests, c.errors) for w, c in f.accounting.workers.items()}
+            counters = {w: (c.requests, c.errors) for w, c in f.forwards.workers.items()}
             assert counters == {"w1": (70, 0), "w2": (70, 0)}
             assert all(f.surface.users[user].requests == 6 for user in seen)  # the first was anonymous
         return seen

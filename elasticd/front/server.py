@@ -44,7 +44,7 @@ STALE_MARGIN = 10.0  # seconds past request_timeout before a dead open-requests 
 
 class Front:
     __slots__ = ("_address", "_connecting", "_next_expiry", "_pools", "_probes", "_routes", "_server", "_targets",
-                 "_timer", "_workers", "accounting", "clock", "conns", "keepalive_timeout", "max_header_bytes",
+                 "_timer", "_workers", "clock", "conns", "forwards", "keepalive_timeout", "max_header_bytes",
                  "on_login", "place", "port", "quotas", "request_timeout", "stale_after", "stopping", "surface",
                  "tunnel_timeout", "unroutable")
 
@@ -65,7 +65,7 @@ class Front:
         self.stale_after = request_timeout + STALE_MARGIN
         self.quotas = QuotaBook(quotas or {}, clock())
         self.surface = Surface(user_ttl)
-        self.accounting = ForwardCounters()
+        self.forwards = ForwardCounters()
         self.place: PlaceFn = place  # where a new (or re-placed) user goes: the reception
         # At a login (X-Elastic-Login: <name>): (group key, user, the worker that logged it in, whether it was
         # logged in already) → the worker the user lives on from now on, or None to leave it where it is. The
@@ -89,13 +89,13 @@ class Front:
         """Swap the table; requests already routed finish where they are."""
         self._routes = routes
         self._targets.clear()
-        self.accounting.retain_routes({(r.tenant, r.app) for r in routes.routes()})
+        self.forwards.retain_routes({(r.tenant, r.app) for r in routes.routes()})
 
     def set_quotas(self, quotas: Mapping[str, Quotas]) -> None:
         """New limits apply to the next request; requests in flight stay counted."""
         self.quotas.update(quotas, self.clock())
         self._targets.clear()
-        self.accounting.retain_tenants(set(quotas))
+        self.forwards.retain_tenants(set(quotas))
 
     def configure(self, *, request_timeout: float, user_ttl: float) -> None:
         self.request_timeout = request_timeout
@@ -104,7 +104,7 @@ class Front:
 
     def collector(self) -> FrontCollector:
         """For the metrics server's registry: requests, latency and quota refusals."""
-        return FrontCollector(self.accounting, lambda: list(self.quotas.tenants))
+        return FrontCollector(self.forwards, lambda: list(self.quotas.tenants))
 
     # ------------------------------------------------------------------ life
 
@@ -153,7 +153,7 @@ class Front:
     def forget_worker(self, worker_id: str) -> None:
         """A worker gone for good (retired, removed): its forward counters end with it."""
         self.close_upstream(worker_id)
-        self.accounting.forget_worker(worker_id)
+        self.forwards.forget_worker(worker_id)
 
     def close_upstream(self, worker_id: str) -> None:
         """The worker is gone (the supervisor saw it exit): close its pooled connections, re-place its users
@@ -185,7 +185,7 @@ class Front:
                 conn.timed_out()
         if now >= self._next_expiry:
             self.surface.expire(now)
-            self.accounting.sweep(now - self.stale_after)
+            self.forwards.sweep(now - self.stale_after)
             self._next_expiry = now + min(60.0, self.surface.ttl / 4, self.stale_after / 2)
         self._timer = asyncio.get_running_loop().call_later(self._tick_interval(), self._tick)
 
@@ -196,7 +196,7 @@ class Front:
         if found is not _MISS:
             return found  # type: ignore[return-value]
         route = self._routes.lookup(host.decode("latin-1") if host is not None else None)
-        target = None if route is None else Target(route, self.accounting.route(route.tenant, route.app),
+        target = None if route is None else Target(route, self.forwards.route(route.tenant, route.app),
                                                    self.quotas.get(route.tenant))
         if len(self._targets) >= _MAX_HOSTS:
             self._targets.clear()
@@ -223,7 +223,7 @@ class Front:
             workers = self._workers(route.tenant, route.app, route.group)
         else:
             workers = []
-        decision = decide(target, ex.head, now, workers, self.unroutable, self.surface, self.place, self.accounting)
+        decision = decide(target, ex.head, now, workers, self.unroutable, self.surface, self.place, self.forwards)
         if isinstance(decision, Refuse):
             self._refuse(client, ex, decision.status, decision.text, retry_after=decision.retry_after)
             return
@@ -236,14 +236,14 @@ class Front:
         pool = self._pools.get(upstream.worker_id)
         if pool is None or pool.path != upstream.socket_path:
             self._drop_pool(upstream.worker_id)
-            counters = self.accounting.worker(upstream.worker_id)
+            counters = self.forwards.worker(upstream.worker_id)
             pool = self._pools[upstream.worker_id] = ConnectionPool(upstream, counters)
         ex.counters = pool.counters
         idle = pool.idle  # pool.take(), its common case inlined: the most recently used, still open
         conn = idle.pop() if idle else None
         if conn is not None and conn.closed:
             conn = pool.take()
-        ex.forward(self.accounting.opened(ex), conn)  # FORWARD, and ATTACH of a pooled connection, in one step
+        ex.forward(self.forwards.opened(ex), conn)  # FORWARD, and ATTACH of a pooled connection, in one step
         if ex.head.expect and not ex.body_done and ex.http11:
             client.write(_CONTINUE)
         if conn is not None:
@@ -305,7 +305,7 @@ class Front:
         """A forwarded exchange ends (``Exchange.end``: its phase, counters and quota), and a login its answer
         carried is handed to the surface and the pool's placement."""
         now = self.clock()
-        ex.end(event, status, now, self.accounting)
+        ex.end(event, status, now, self.forwards)
         login = ex.login
         if login is not None and ex.user is not None and ex.worker is not None:
             name = None if login == b"-" else login.decode("utf-8", "replace")

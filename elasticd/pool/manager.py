@@ -82,7 +82,7 @@ class _Counters(Protocol):
     answered: int
 
 
-class _Accounting(Protocol):
+class _Forwards(Protocol):
     def worker(self, worker_id: str) -> _Counters: ...
     def open_by_worker(self) -> dict[str, int]: ...
     def oldest_open_by_worker(self) -> dict[str, float]: ...
@@ -112,10 +112,10 @@ class _Group:
 
 class PoolManager:
     __slots__ = (
-        "_accounting",
         "_announced",
         "_budget",
         "_clock",
+        "_forwards",
         "_groups",
         "_last_report",
         "_progress",
@@ -129,7 +129,7 @@ class PoolManager:
         "interval",
     )
 
-    def __init__(self, supervisor: _Supervisor, surface: _Surface, accounting: _Accounting, *,
+    def __init__(self, supervisor: _Supervisor, surface: _Surface, forwards: _Forwards, *,
                  interval: float, hung_after: float | None = None,
                  budget: Callable[[str, str], Budget] | None = None,
                  tunnels: Callable[[], Mapping[str, int]] | None = None,
@@ -137,7 +137,7 @@ class PoolManager:
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self._supervisor = supervisor
         self._surface = surface
-        self._accounting = accounting
+        self._forwards = forwards
         self._budget = budget or (lambda tenant, app: UNLIMITED)
         self._tunnels = tunnels or dict
         self._tree_cpu = tree_cpu
@@ -250,7 +250,7 @@ class PoolManager:
         if budget.wall != entry.wall:  # the tenant's cpu.max changed (an override, a reload)
             entry.wall = budget.wall
             self._reevaluate(entry)
-        counters = self._accounting.worker(worker_id)
+        counters = self._forwards.worker(worker_id)
         forward = Forward(counters.requests, counters.errors, counters.seconds)
         window = entry.windows.setdefault(worker_id, Window())
         window.add(Row(now, report, forward))
@@ -388,7 +388,7 @@ class PoolManager:
         waiting = list(worker_ids)
         cut: dict[str, str] = {}
         while waiting:
-            open_requests, tunnels = self._accounting.open_by_worker(), self._tunnels()
+            open_requests, tunnels = self._forwards.open_by_worker(), self._tunnels()
             now = self._clock()
             for worker_id in list(waiting):
                 decided = drain_verdict(now, started, open_requests=open_requests.get(worker_id, 0),
@@ -408,8 +408,8 @@ class PoolManager:
     def sense(self) -> None:
         """Build reports for workers that do not report; ask the liveness rule about every worker."""
         now = self._clock()
-        open_requests = self._accounting.open_by_worker()
-        oldest = self._accounting.oldest_open_by_worker()
+        open_requests = self._forwards.open_by_worker()
+        oldest = self._forwards.oldest_open_by_worker()
         for key, entry in self._groups.items():
             for worker in self._supervisor.workers_of(key):
                 if not worker.routable or worker.pid is None or worker.id in entry.draining:
@@ -426,7 +426,7 @@ class PoolManager:
                 else:
                     last = self._last_report.get(worker.id)
                     if last is not None and reporting(now, last[0], last[1], self.interval):
-                        answered = self._accounting.worker(worker.id).answered
+                        answered = self._forwards.worker(worker.id).answered
                         self._progress[worker.id] = Progress(now, None, answered)  # alive: no /proc walk
                         continue
                     cpu = self._tree_cpu(worker.pid)
@@ -434,7 +434,7 @@ class PoolManager:
 
     def _check_liveness(self, key: GroupKey, entry: _Group, worker: Any, now: float, cpu: float | None,
                         announced: bool, open_requests: Mapping[str, int], oldest: Mapping[str, float]) -> None:
-        answered = self._accounting.worker(worker.id).answered
+        answered = self._forwards.worker(worker.id).answered
         progress = self._progress[worker.id] = observe(self._progress.get(worker.id), now, cpu, answered)
         last = self._last_report.get(worker.id)
         hung = verdict(now, progress, hung_after=self.hung_after, reports=announced,
