@@ -14,6 +14,7 @@ A worker that does not use it is sensed by elasticd itself (process-tree cpu and
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from aiohttp import web
 
@@ -22,7 +23,12 @@ from elasticd.worker.heartbeat import Heartbeat, heartbeat_period
 from elasticd.worker.middleware import USER_HEADER, sensor_middleware, system_route
 from elasticd.worker.sensor import Sensor
 
-__all__ = ["USER_HEADER", "ChannelClient", "Heartbeat", "Sensor", "sensor_middleware", "setup", "system_route"]
+__all__ = ["SENSOR_KEY", "USER_HEADER", "ChannelClient", "Heartbeat", "Sensor", "sensor_middleware", "setup",
+           "system_route"]
+
+# Where setup() leaves the app's sensor: an AppKey on aiohttp >= 3.9 (a plain string key warns there), the
+# string on Debian bookworm's 3.8, which has no AppKey.
+SENSOR_KEY: Any = web.AppKey("elastic_sensor", Sensor) if hasattr(web, "AppKey") else "elastic_sensor"
 
 
 def setup(app: web.Application, concurrency: int | None = None) -> Sensor:
@@ -44,5 +50,5 @@ def setup(app: web.Application, concurrency: int | None = None) -> Sensor:
 
     app.on_startup.append(start)
     app.on_cleanup.append(stop)
-    app["elastic_sensor"] = sensor
+    app[SENSOR_KEY] = sensor
     return sensor
