@@ -139,7 +139,8 @@ class Daemon:
                          app_samples=self.sampler.history(("app", tenant, app)))
 
     def _upstreams(self, tenant: str, app: str, group: str) -> list[Upstream]:
-        """Called by the front for every request: one pass, and each worker's Upstream made once."""
+        """Called by the front for every request: the pool's routable workers (the one draining filter), each
+        worker's Upstream made once."""
         cache = self._upstream_of
         upstreams = []
         for w in self.pool.routable((tenant, app, group)):

@@ -32,6 +32,6 @@ def format_worker_id(tenant: str, app: str, group: str, number: int) -> str:
 def parse_worker_id(text: str) -> WorkerId | None:
     """The parts of ``text``; None when it is not a worker id."""
     parts = text.split(".")
-    if len(parts) != 4 or not all(parts) or not parts[3].isdigit():
+    if len(parts) != 4 or not all(parts) or not (parts[3].isascii() and parts[3].isdigit()):
         return None
     return WorkerId(parts[0], parts[1], parts[2], int(parts[3]))

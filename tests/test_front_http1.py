@@ -212,7 +212,7 @@ def test_forward_accounting() -> None:
     acct.refused("acme", "rate")
     assert acct.rejections == {("acme", "rate"): 2}
     assert acct.sweep(horizon=2.5) == []  # c (ts 3.0) is younger
-    assert acct.sweep(horizon=10.0) == [rc] and acct.open == {}
+    assert acct.sweep(horizon=10.0) == [c] and acct.open == {}
 
 
 def test_collector_exposes_the_three_families() -> None:
@@ -255,7 +255,7 @@ def test_the_sweep_spares_live_requests_and_the_oldest_open_is_per_worker() -> N
     ids = [acct.opened(r) for r in (streaming, lost, young)]
     # The download's answer has started: it is no evidence of silence; the oldest waiting one is b's.
     assert acct.oldest_open_by_worker() == {"w1": 2.0, "w2": 50.0}
-    assert acct.sweep(horizon=10.0) == [ids[1]]
+    assert acct.sweep(horizon=10.0) == [lost] and list(acct.open) == [ids[0], ids[2]]
     assert set(acct.open) == {ids[0], ids[2]}
     acct.worker("gone").requests = 3
     acct.forget_worker("gone")
@@ -279,36 +279,44 @@ def _head(*headers: tuple[bytes, bytes], http11: bool = True) -> http1.RequestHe
     return http1.read_request(list(headers), http11, False)
 
 
-@pytest.mark.parametrize(("headers", "url", "http11", "version", "expected"), [
-    ([(b"Host", b"a.test")], b"/x", True, None, (0, b"/x", b"a.test")),
-    ([], b"/x", True, None, (400, b"/x", None)),  # HTTP/1.1 without Host
-    ([], b"/x", False, "1.0", (0, b"/x", None)),  # 1.0 may omit it (routed to the catch-all or 404)
-    ([], b"/", False, "0.9", (400, b"/", None)),  # HTTP/0.9's bare request line
-    ([(b"Host", b"a.test")], b"/", False, "2.0", (400, b"/", b"a.test")),
+@pytest.mark.parametrize(("headers", "method", "url", "http11", "version", "expected"), [
+    ([(b"Host", b"a.test")], b"GET", b"/x", True, None, (0, b"/x", b"a.test")),
+    ([], b"GET", b"/x", True, None, (400, b"/x", None)),  # HTTP/1.1 without Host
+    ([(b"Host", b"a.test"), (b"Host", b"b.test")], b"GET", b"/", True, None, (400, b"/", None)),  # two Hosts
+    ([], b"GET", b"/x", False, "1.0", (0, b"/x", None)),  # 1.0 may omit it (routed to the catch-all or 404)
+    ([], b"GET", b"/", False, "0.9", (400, b"/", None)),  # HTTP/0.9's bare request line
+    ([(b"Host", b"a.test")], b"GET", b"/", False, "2.0", (400, b"/", b"a.test")),
+    ([(b"Host", b"a.test")], b"GET", b"/", True, "1.2", (400, b"/", b"a.test")),  # what http-parser calls 1.x
+    ([(b"Host", b"a.test")], b"GET", b"/", True, "1.1", (0, b"/", b"a.test")),
     # absolute-form: the target's authority wins over Host, and the worker gets the origin form
-    ([(b"Host", b"a.test")], b"http://b.test/x?y=1", True, None, (0, b"/x?y=1", b"b.test")),
-    ([(b"Host", b"a.test")], b"HTTPS://b.test:8443", True, None, (0, b"/", b"b.test:8443")),
-    ([], b"http://b.test?q", True, None, (0, b"/?q", b"b.test")),  # no Host at all: the authority is the host
-    ([(b"Host", b"a.test")], b"http://u:p@b.test/", True, None, (400, b"http://u:p@b.test/", b"a.test")),
-    ([(b"Host", b"a.test")], b"http:///x", True, None, (400, b"http:///x", b"a.test")),
-    ([(b"Host", b"a.test")], b"*", True, None, (0, b"*", b"a.test")),  # OPTIONS *
+    ([(b"Host", b"a.test")], b"GET", b"http://b.test/x?y=1", True, None, (0, b"/x?y=1", b"b.test")),
+    ([(b"Host", b"a.test")], b"GET", b"HTTPS://b.test:8443", True, None, (0, b"/", b"b.test:8443")),
+    ([], b"GET", b"http://b.test?q", True, None, (0, b"/?q", b"b.test")),  # no Host: the authority is the host
+    ([(b"Host", b"a.test")], b"GET", b"http://u:p@b.test/", True, None, (400, b"http://u:p@b.test/", b"a.test")),
+    ([(b"Host", b"a.test")], b"GET", b"http:///x", True, None, (400, b"http:///x", b"a.test")),
+    ([(b"Host", b"a.test")], b"GET", b"ftp://b.test/", True, None, (400, b"ftp://b.test/", b"a.test")),
+    ([(b"Host", b"a.test")], b"GET", b"a.test:443", True, None, (400, b"a.test:443", b"a.test")),
+    ([(b"Host", b"a.test")], b"CONNECT", b"a.test:443", True, None, (501, b"a.test:443", b"a.test")),
+    ([(b"Host", b"a.test")], b"OPTIONS", b"*", True, None, (0, b"*", b"a.test")),  # OPTIONS *
+    ([(b"Host", b"a.test")], b"GET", b"*", True, None, (400, b"*", b"a.test")),
 ])
-def test_head_refusal(headers, url, http11, version, expected):
+def test_head_refusal(headers, method, url, http11, version, expected):
     head = _head(*headers, http11=http11)
-    status, why, target = http1.head_refusal(head, url, http11, version)
+    status, why, target = http1.head_refusal(head, method, url, http11, version)
     assert (status, target, head.host) == expected
     assert bool(why) == bool(status)
 
 
 def test_an_absolute_form_target_replaces_every_host_line_the_worker_would_see():
     head = _head((b"Host", b"a.test"), (b"X-Other", b"1"))
-    assert http1.head_refusal(head, b"http://b.test/p", True, None)[0] == 0
+    assert http1.head_refusal(head, b"GET", b"http://b.test/p", True, None)[0] == 0
     sent = b"".join(http1.upstream_head(b"GET", b"/p", head, b"127.0.0.1", b"u"))
     assert b"Host: b.test\r\n" in sent and b"a.test" not in sent.replace(b"X-Forwarded-Host: b.test", b"")
     assert b"X-Forwarded-Host: b.test\r\n" in sent
 
 
 @pytest.mark.parametrize(("url_bytes", "header_bytes", "expected"), [
-    (70_000, 0, 414), (70_000, 20, 414), (10, 0, 414), (10, 70_000, 431), (0, 70_000, 431), (0, 0, 431)])
+    (70_000, 0, 414), (70_000, 20, 414), (40_000, 30_000, 414), (10, 0, 431),  # a first big header still arriving
+    (10, 70_000, 431), (0, 70_000, 431), (0, 0, 431)])
 def test_oversize_status(url_bytes, header_bytes, expected):
     assert http1.oversize_status(url_bytes, header_bytes, 65_536)[0] == expected

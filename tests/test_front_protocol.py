@@ -130,6 +130,10 @@ def test_malformed_request_is_400(workers: list[Upstream], wire: bytes) -> None:
 @pytest.mark.parametrize(("wire", "status"), [
     (b"GET / HTTP/1.1\r\n\r\n", 400),  # HTTP/1.1 without Host
     (b"GET /\r\n\r\n", 400),  # HTTP/0.9
+    (b"GET / HTTP/1.1\r\nHost: shop.localhost\r\nHost: blog.localhost\r\n\r\n", 400),  # two Hosts
+    (b"GET * HTTP/1.1\r\nHost: shop.localhost\r\n\r\n", 400),
+    (b"GET ftp://shop.localhost/ HTTP/1.1\r\nHost: shop.localhost\r\n\r\n", 400),
+    (b"CONNECT shop.localhost:443 HTTP/1.1\r\nHost: shop.localhost\r\n\r\n", 501),
     (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: shop.localhost\r\n\r\n", 414),
     (b"POST / HTTP/1.1\r\nHost: shop.localhost\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n" + b"x" * 70_000, 400),
 ])
@@ -297,3 +301,21 @@ def test_stop_lets_answers_under_way_finish(workers: list[Upstream]) -> None:
             return resp.status, await resp.text()
 
     assert run(scenario()) == (200, '{"slept_ms": 300}')
+
+
+def test_a_second_answer_in_the_same_read_is_dropped_and_the_first_stands(tmp_path: Path) -> None:
+    """A worker that writes two answers for one request: the client gets the first, whole, and the connection it
+    came on is closed (nothing of the second reaches anyone); the client's connection goes on (its next request
+    gets a connection of its own)."""
+    def answer(head: bytes) -> bytes:
+        return (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst"
+                b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond")
+
+    async def scenario() -> tuple[bytes, int]:
+        async with raw_upstream(tmp_path / "raw.sock", answer) as ups, front(ups) as f:
+            got = await raw(f, GET % b"a" + b"GET /b HTTP/1.1\r\nHost: shop.localhost\r\nConnection: close\r\n\r\n")
+            return got, len(f.forwards.open)
+
+    got, still_open = run(scenario())
+    assert [(a.status, a.body) for a in answers(got)] == [(200, b"first"), (200, b"first")]
+    assert b"second" not in got and still_open == 0

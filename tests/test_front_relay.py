@@ -28,11 +28,10 @@ from elasticd.front.core.relay import (
 Q, F, A, D = Phase.QUEUED, Phase.FORWARDING, Phase.ANSWERING, Phase.DONE
 
 LEGAL = {
-    (Q, Event.REFUSE): D, (Q, Event.FORWARD): F, (Q, Event.CLIENT_LEFT): D,
-    (F, Event.ATTACH): F, (F, Event.RETRY): F, (F, Event.ANSWER_HEAD): A, (F, Event.UPGRADE): D, (F, Event.FAIL): D,
+    (Q, Event.REFUSE): D, (Q, Event.FORWARD): F,
+    (F, Event.ATTACH): F, (F, Event.RETRY): F, (F, Event.ANSWER_HEAD): A, (F, Event.FAIL): D,
     (F, Event.CLIENT_LEFT): D,
     (A, Event.ANSWER_END): D, (A, Event.UPGRADE): D, (A, Event.CUT): D, (A, Event.CLIENT_LEFT): D,
-    (D, Event.LATE): D,
 }
 
 
@@ -51,8 +50,18 @@ def test_every_pair_moves_by_the_table_or_fails_closed(phase, event):
 
 def _forwarded() -> Exchange:
     ex = Exchange()
-    ex.forward(7)
+    ex.forward(_Opener(7))  # type: ignore[arg-type]
     return ex
+
+
+class _Opener:
+    """The one ForwardCounters method forward() calls."""
+
+    def __init__(self, rid: int) -> None:
+        self.rid = rid
+
+    def opened(self, request: object) -> int:
+        return self.rid
 
 
 class _Link:
@@ -84,7 +93,7 @@ def test_retry_once_on_a_reused_connection_then_never_again():
     ex.retry()
     assert (ex.phase, ex.retried, ex.conn) == (F, True, None)
     ex.attach(_Link())
-    with pytest.raises(ValueError, match="at most once"):
+    with pytest.raises(RelayError, match="at most once"):
         ex.retry()
     ex.answer_head(200, None)
     with pytest.raises(RelayError):  # the answer began: no retry can follow, whatever the shell asks
@@ -98,10 +107,8 @@ def test_a_websocket_upgrade_ends_the_exchange_and_nothing_more_can_happen_to_it
     ex.advance(Event.UPGRADE)
     assert ex.finished
     for event in Event:
-        if event is not Event.LATE:
-            with pytest.raises(RelayError):
-                ex.advance(event)
-    ex.advance(Event.LATE)  # a connection made for it meanwhile: a defined, harmless row
+        with pytest.raises(RelayError):
+            ex.advance(event)
 
 
 def test_pipelined_requests_each_have_their_own_phase():
@@ -180,8 +187,16 @@ def test_after_a_worker_answer(response_close, changes, expected):
 
 def test_forward_with_a_pooled_connection_attaches_it_in_the_same_step():
     ex, link = Exchange(), _Link()
-    ex.forward(3, link)
+    ex.forward(_Opener(3), link)  # type: ignore[arg-type]
     assert (ex.phase, ex.rid, ex.conn) == (F, 3, link)
+
+
+def test_forward_is_checked_before_anything_is_opened():
+    ex = _forwarded()
+    opener = _Opener(9)
+    with pytest.raises(RelayError):
+        ex.forward(opener)  # type: ignore[arg-type]
+    assert ex.rid == 7
 
 
 def test_end_closes_the_counters_entry_and_the_quota_slot_once():
@@ -194,7 +209,7 @@ def test_end_closes_the_counters_entry_and_the_quota_slot_once():
     assert quota is not None and quota.admit(0.0) is None
     ex = Exchange()
     ex.quota, ex.counters, ex.stats, ex.ts = quota, forwards.worker("w1"), forwards.route("acme", "shop"), 1.0
-    ex.forward(forwards.opened(ex))
+    ex.forward(forwards)
     ex.answer_head(200, None)
     ex.end(Event.ANSWER_END, 200, 1.5, forwards)
     assert (ex.phase, ex.rid, ex.quota, quota.gate.in_flight, forwards.open) == (D, 0, None, 0, {})
@@ -202,3 +217,31 @@ def test_end_closes_the_counters_entry_and_the_quota_slot_once():
     with pytest.raises(RelayError):  # a second end is refused before anything is counted twice
         ex.end(Event.ANSWER_END, 200, 2.0, forwards)
     assert forwards.workers["w1"].requests == 1
+
+
+def test_end_refuses_an_exchange_that_has_no_open_entry():
+    from elasticd.front.core.counters import ForwardCounters
+
+    forwards = ForwardCounters()
+    queued = Exchange()
+    with pytest.raises(RelayError):  # (QUEUED, REFUSE) is a row, but REFUSE opens and closes nothing
+        queued.end(Event.REFUSE, 404, 1.0, forwards)
+    assert forwards.workers == {} and queued.phase is Q
+
+
+def test_abandon_fails_closed_whatever_the_phase_and_gives_everything_back():
+    from elasticd.config.model import Quotas
+    from elasticd.front.core.counters import ForwardCounters
+    from elasticd.front.core.quota import QuotaBook
+
+    forwards = ForwardCounters()
+    quota = QuotaBook({"acme": Quotas(max_concurrent_requests=1)}, 0.0).get("acme")
+    assert quota is not None and quota.admit(0.0) is None
+    ex = Exchange()
+    ex.quota, ex.counters, ex.stats = quota, forwards.worker("w1"), forwards.route("acme", "shop")
+    ex.forward(forwards, _Link())
+    ex.abandon(1.0, forwards)
+    assert (ex.phase, ex.rid, ex.conn, quota.gate.in_flight, forwards.open) == (D, 0, None, 0, {})
+    assert forwards.routes[("acme", "shop")].codes == {502: 1}
+    ex.abandon(2.0, forwards)  # idempotent: nothing counted twice
+    assert forwards.routes[("acme", "shop")].codes == {502: 1}

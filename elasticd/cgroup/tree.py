@@ -296,7 +296,7 @@ class CgroupTree:
         except OSError as exc:
             if exc.errno != errno.ENOTEMPTY:
                 if exc.errno == errno.EBUSY:
-                    # Retried until it goes (placement.remove_dropped): said once, not at every try.
+                    # Retried until it goes (activation.remove_dropped): said once, not at every try.
                     key = ("busy", str(path))
                     level = logging.DEBUG if key in self._logged_errors else logging.WARNING
                     self._logged_errors.add(key)

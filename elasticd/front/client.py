@@ -2,9 +2,9 @@
 
 Requests are served one at a time in the order they came (pipelined ones wait in ``queue``, their bodies
 buffered, reading paused past a bound). For each: route by Host, ask the tenant's quota, resolve the sticky
-user, pick the worker, open the accounting entry, send the head (and the body as it arrives) on a pooled
-connection; the worker's answer streams back through ``UpstreamConn``. Decisions are the pure modules';
-this module only moves bytes and keeps per-connection state.
+user, pick the worker (``dispatch.decide``), open the counters entry, send the head (and the body as it
+arrives) on a pooled connection; the worker's answer streams back through the worker side (``links``).
+Decisions are front.core's; this module only moves bytes and keeps per-connection state.
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ _LINGER = 2.0  # seconds a closing connection still reads (and drops) what the c
 
 
 _QUEUED, _FORWARDING, _DONE = Phase.QUEUED, Phase.FORWARDING, Phase.DONE
+# httptools >= 0.2 (llhttp) refuses versions other than 1.0 and 1.1 itself; 0.1.x (http-parser, Debian bookworm's)
+# reads "HTTP/1.2" as a keep-alive 1.x, so there every request's version is asked and checked.
+_PARSER_CHECKS_VERSION = tuple(int(part) for part in httptools.__version__.split(".")[:2]) >= (0, 2)
 _ANSWER_END, _CUT, _UPGRADE, _CLIENT_LEFT = Event.ANSWER_END, Event.CUT, Event.UPGRADE, Event.CLIENT_LEFT
 
 
@@ -100,7 +103,7 @@ class ClientConn(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         # As nginx: a client that stops sending has left (a half-close cannot be told from a close); what it
-        # was waiting for is given up and the worker freed (499 in the accounting, via connection_lost).
+        # was waiting for is given up and the worker freed (499 in the counters, via connection_lost).
         self.eof = True
         return False
 
@@ -122,39 +125,45 @@ class ClientConn(asyncio.Protocol):
         if self.upgrading is not None or self.tunnel is not None:
             self._raw(data)
             return
-        try:
-            self.parser.feed_data(data)
+        try:  # a RelayError from a step of ours outside the parser's callbacks: fail closed
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserUpgrade as exc:
+                ex = self.queue[-1] if self.queue else None
+                if ex is not None and ex.head.upgrade is not None:
+                    self.upgrading = ex
+                    tail = data[exc.args[0]:]
+                    if tail:
+                        ex.body.append(tail)
+                        self.pending += len(tail)
+                elif ex is not None and ex.error is not None:
+                    self.draining = True  # refused at its head (CONNECT): what follows is not HTTP, dropped
+                else:
+                    self._parse_error(400, "malformed request")
+            except httptools.HttpParserError as exc:
+                if isinstance(exc.__context__, RelayError):  # httptools wraps what a callback raised
+                    self.fail_closed(exc.__context__)
+                    return
+                # Over the head's limit only while in a head: a malformed chunk-size line in a body is a 400.
+                cur = self.cur
+                limit = self.front.max_header_bytes
+                if cur is not None and cur.head is NO_HEAD and self.head_bytes + len(data) > limit:
+                    self._parse_error(*http1.oversize_status(len(cur.url), self.reader.size, limit))
+                else:
+                    self._parse_error(400, f"bad request: {exc}")
+                return
+            cur = self.cur
+            if cur is not None and cur.head is NO_HEAD:
+                self.head_bytes += len(data)
+                limit = self.front.max_header_bytes
+                if self.head_bytes > limit:
+                    self._parse_error(*http1.oversize_status(len(cur.url), self.reader.size, limit))
+                    return
+            self._pump()
+            if self.transport is not None and (len(self.queue) > _MAX_QUEUE or self.pending > _MAX_PENDING):
+                self._pause(_FOR_QUEUE)
         except RelayError as exc:
             self.fail_closed(exc)
-            return
-        except httptools.HttpParserUpgrade as exc:
-            ex = self.queue[-1] if self.queue else None
-            if ex is not None and ex.head.upgrade is not None:
-                self.upgrading = ex
-                tail = data[exc.args[0]:]
-                if tail:
-                    ex.body.append(tail)
-                    self.pending += len(tail)
-            else:
-                self._parse_error(400, "malformed request")
-        except httptools.HttpParserError as exc:
-            # Over the head's limit only while in a head: a malformed chunk-size line in a body is a 400.
-            cur = self.cur
-            limit = self.front.max_header_bytes
-            if cur is not None and cur.head is NO_HEAD and self.head_bytes + len(data) > limit:
-                self._parse_error(*http1.oversize_status(len(cur.url), self.reader.size, limit))
-            else:
-                self._parse_error(400, f"bad request: {exc}")
-            return
-        cur = self.cur
-        if cur is not None and cur.head is NO_HEAD:
-            self.head_bytes += len(data)
-            if self.head_bytes > self.front.max_header_bytes:
-                self._parse_error(*http1.oversize_status(len(cur.url), self.reader.size, self.front.max_header_bytes))
-                return
-        self._pump()
-        if self.transport is not None and (len(self.queue) > _MAX_QUEUE or self.pending > _MAX_PENDING):
-            self._pause(_FOR_QUEUE)
 
     def touch(self) -> None:
         self.active_at = self.clock()
@@ -187,10 +196,10 @@ class ClientConn(asyncio.Protocol):
         limit = self.front.max_header_bytes
         if self.reader.size + len(cur.url) > limit:
             cur.error = http1.oversize_status(len(cur.url), self.reader.size, limit)
-        elif not http11 or cur.head.host is None or cur.url[:1] != b"/":
+        elif not http11 or cur.head.host is None or cur.url[:1] != b"/" or not _PARSER_CHECKS_VERSION:
             # Anything but the common HTTP/1.1, Host and origin-form request goes through RFC 9112's checks.
-            status, why, cur.url = http1.head_refusal(cur.head, cur.url, cur.http11,
-                                                      None if cur.http11 else parser.get_http_version())
+            version = None if http11 and _PARSER_CHECKS_VERSION else parser.get_http_version()
+            status, why, cur.url = http1.head_refusal(cur.head, cur.method, cur.url, http11, version)
             if status:
                 cur.error = (status, why)
         self.queue.append(cur)
@@ -349,10 +358,15 @@ class ClientConn(asyncio.Protocol):
             return
         self._pump()
 
-    def upstream_failed(self, ex: Exchange, reused: bool, received: bool, why: str) -> None:
+    def upstream_failed(self, ex: Exchange, reused: bool, received: bool, path: str, why: str) -> None:
         failure = upstream_lost(ex.phase, reused=reused, received=received, retried=ex.retried,
                                 has_body=ex.head.has_body, method=ex.method, upgrading=self.upgrading is ex)
         if failure is Failure.LATE or self.transport is None:
+            return
+        if failure is Failure.RETRY:
+            # A kept-alive connection the worker closed while idle: safe to send once more.
+            ex.retry()
+            self.front.retry(self, ex)
             return
         ex.conn = None
         if failure is Failure.CUT:
@@ -363,13 +377,8 @@ class ClientConn(asyncio.Protocol):
             self.front.settle(ex, ex.status, _CUT)
             self.transport.close()
             return
-        if failure is Failure.RETRY:
-            # A kept-alive connection the worker closed while idle: safe to send once more.
-            ex.retry()
-            self.front.retry(self, ex)
-            return
         log.warning("%s %s: worker %s %s", ex.method.decode(), ex.url.decode(errors="replace"), ex.worker, why)
-        self.front.worker_failed(ex.worker)
+        self.front.worker_failed(ex.worker, path)
         self.front.relay_failed(self, ex, 502, "the worker could not be reached")
 
     def became_tunnel(self, ex: Exchange, conn: WorkerSide, tail: bytes) -> None:
@@ -433,12 +442,19 @@ class ClientConn(asyncio.Protocol):
                     ex.url.decode(errors="replace"), ex.worker, self.front.request_timeout)
         self.front.relay_failed(self, ex, 504, "the worker did not answer in time", close=True)
 
-    def fail_closed(self, error: RelayError) -> None:
-        """A transition the relay's table does not have: a bug of ours. The connection is closed (and the
-        worker's with it) rather than left in a state nobody owns."""
-        log.error("front: %s; closing the client connection", error)
-        if self.queue and self.queue[0].conn is not None:
-            self.queue[0].conn.close()
+    def fail_closed(self, error: BaseException) -> None:
+        """A transition the relay's table does not have: a bug of ours. The exchanges of this connection are
+        abandoned (their counters entries closed, quota slots given back), the worker's connection closed and
+        this one aborted, rather than anything left in a state nobody owns."""
+        log.error("front: %s; closing the client connection", error, exc_info=error)
+        for ex in self.queue:
+            if ex.conn is not None:
+                ex.conn.close()
+            ex.abandon(self.clock(), self.front.forwards)
+        self.queue.clear()
+        if self.tunnel is not None:
+            self.tunnel.close()
+            self.tunnel = None
         if self.transport is not None:
             self.transport.abort()
 

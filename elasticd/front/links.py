@@ -8,25 +8,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from elasticd.front.core.exchange import Exchange
-from elasticd.front.core.relay import Event, RelayError
+from elasticd.front.core.counters import ForwardCounters
+from elasticd.front.core.exchange import Exchange, Link
+from elasticd.front.core.relay import Event
 
 __all__ = ["ClientSide", "FrontSide", "WorkerSide"]
 
 
-class WorkerSide(Protocol):
-    """A connection to a worker, as the client connection holds it (``Exchange.conn``, or the tunnel)."""
-
-    @property
-    def transport(self) -> object | None: ...
-
-    def write(self, data: bytes) -> None: ...
-
-    def close(self) -> None: ...
-
-    def pause(self) -> None: ...
-
-    def resume(self) -> None: ...
+# A connection to a worker, as the client connection holds it (``Exchange.conn``, or the tunnel): the core's
+# own ``Link``, so the exchange and the shell name one protocol.
+WorkerSide = Link
 
 
 class ClientSide(Protocol):
@@ -41,7 +32,8 @@ class ClientSide(Protocol):
         """The worker's answer is complete and was relayed. ``close_after``: what its head said (None: no
         head came, which closes)."""
 
-    def upstream_failed(self, ex: Exchange, reused: bool, received: bool, why: str) -> None: ...
+    def upstream_failed(self, ex: Exchange, reused: bool, received: bool, path: str, why: str) -> None:
+        """The worker's connection (on socket ``path``) ended before the answer did."""
 
     def became_tunnel(self, ex: Exchange, conn: WorkerSide, tail: bytes) -> None: ...
 
@@ -51,7 +43,7 @@ class ClientSide(Protocol):
 
     def resume_reading_for_upstream(self) -> None: ...
 
-    def fail_closed(self, error: RelayError) -> None: ...
+    def fail_closed(self, error: BaseException) -> None: ...
 
 
 class FrontSide(Protocol):
@@ -59,6 +51,7 @@ class FrontSide(Protocol):
 
     clock: Callable[[], float]
     conns: set[Any]
+    forwards: ForwardCounters
     max_header_bytes: int
     request_timeout: float
     stopping: bool
@@ -71,4 +64,4 @@ class FrontSide(Protocol):
 
     def retry(self, client: Any, ex: Exchange) -> None: ...
 
-    def worker_failed(self, worker_id: str | None, path: str | None = None) -> None: ...
+    def worker_failed(self, worker_id: str | None, path: str) -> None: ...

@@ -1,4 +1,4 @@
-"""The front's Prometheus metrics, as a custom collector over the accounting (nothing counted twice).
+"""The front's Prometheus metrics, as a custom collector over its forward counters (nothing counted twice).
 
 - ``elasticd_requests_total{tenant,app,code}``: every answer to a request routed to an app, refusals included;
 - ``elasticd_request_duration_seconds{tenant,app}``: the forwarded ones' time from dispatch to the last byte;
@@ -26,10 +26,10 @@ _LE = [repr(b) for b in BOUNDS] + ["+Inf"]
 
 
 class FrontCollector(Collector):
-    __slots__ = ("_accounting", "_tenants")
+    __slots__ = ("_forwards", "_tenants")
 
-    def __init__(self, accounting: ForwardCounters, tenants: Callable[[], Iterable[str]]) -> None:
-        self._accounting = accounting
+    def __init__(self, forwards: ForwardCounters, tenants: Callable[[], Iterable[str]]) -> None:
+        self._forwards = forwards
         self._tenants = tenants  # the configured tenants, for the zero-valued rejection series
 
     def describe(self) -> list[Metric]:
@@ -41,7 +41,7 @@ class FrontCollector(Collector):
         duration = HistogramMetricFamily("elasticd_request_duration_seconds",
                                          "Time to forward a request and relay its answer.",
                                          labels=["tenant", "app"])
-        for (tenant, app), stats in self._accounting.iter_routes():
+        for (tenant, app), stats in self._forwards.iter_routes():
             for code, count in sorted(stats.codes.copy().items()):
                 requests.add_metric([tenant, app, str(code)], count)
             buckets, total, count = list(stats.buckets), stats.sum, stats.count
@@ -56,7 +56,7 @@ class FrontCollector(Collector):
         rejections = CounterMetricFamily("elasticd_quota_rejections_total",
                                          "Requests refused by a tenant's quota, by reason.",
                                          labels=["tenant", "reason"])
-        counted = self._accounting.rejections.copy()
+        counted = self._forwards.rejections.copy()
         tenants = set(self._tenants()) | {tenant for tenant, _ in counted}
         for tenant in sorted(tenants):
             for reason in (CONCURRENCY, RATE):

@@ -1,9 +1,9 @@
 """The front: one HTTP listener for every app — routes by Host, enforces tenant quotas, keeps users sticky,
 clocks every forward, and relays bytes to the workers' Unix sockets.
 
-The decisions are the pure modules' (routing, quota, sticky, accounting, http1); this shell owns the
-listener, the per-worker connection pools, the workers it found dead (unroutable until their socket accepts
-again), and one periodic tick for timeouts and expiry (no timer per request).
+The decisions are front.core's (dispatch, relay, exchange, routing, quota, sticky, counters, http1); this
+shell owns the listener, the per-worker connection pools, the workers it found dead (unroutable until their
+socket accepts again), and one periodic tick for timeouts and expiry (no timer per request).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from elasticd.front.core.sticky import PlaceFn, Surface, place
 from elasticd.front.request_metrics import FrontCollector
 from elasticd.front.upstream import ConnectionPool, Upstream, UpstreamConn
 
-__all__ = ["Front", "Target", "WorkersFn"]
+__all__ = ["Front", "WorkersFn"]
 
 log = logging.getLogger("elasticd.front")
 
@@ -175,19 +175,30 @@ class Front:
         return max(0.01, min(1.0, self.request_timeout / 4, self.keepalive_timeout / 4))
 
     def _tick(self) -> None:
-        now = self.clock()
-        for conn in list(self.conns):
-            if conn.tunnel is not None:
-                limit = self.tunnel_timeout
-            else:
-                limit = self.keepalive_timeout if conn.idle else self.request_timeout
-            if now - conn.active_at > limit:
-                conn.timed_out()
-        if now >= self._next_expiry:
-            self.surface.expire(now)
-            self.forwards.sweep(now - self.stale_after)
-            self._next_expiry = now + min(60.0, self.surface.ttl / 4, self.stale_after / 2)
-        self._timer = asyncio.get_running_loop().call_later(self._tick_interval(), self._tick)
+        try:
+            now = self.clock()
+            for conn in list(self.conns):
+                if conn.tunnel is not None:
+                    limit = self.tunnel_timeout
+                else:
+                    limit = self.keepalive_timeout if conn.idle else self.request_timeout
+                if now - conn.active_at > limit:
+                    try:
+                        conn.timed_out()
+                    except RelayError as exc:
+                        conn.fail_closed(exc)
+            if now >= self._next_expiry:
+                self.surface.expire(now)
+                for request in self.forwards.sweep(now - self.stale_after):
+                    # A leaked entry (only a bug leaves one): its quota slot goes with it.
+                    quota = cast(Exchange, request).quota
+                    if quota is not None:
+                        quota.leave()
+                self._next_expiry = now + min(60.0, self.surface.ttl / 4, self.stale_after / 2)
+        except Exception:  # the next tick must come whatever failed in this one: timeouts depend on it
+            log.exception("front: the periodic tick failed")
+        finally:
+            self._timer = asyncio.get_running_loop().call_later(self._tick_interval(), self._tick)
 
     # ------------------------------------------------------------------ the request path (from ClientConn)
 
@@ -243,7 +254,7 @@ class Front:
         conn = idle.pop() if idle else None
         if conn is not None and conn.closed:
             conn = pool.take()
-        ex.forward(self.forwards.opened(ex), conn)  # FORWARD, and ATTACH of a pooled connection, in one step
+        ex.forward(self.forwards, conn)  # FORWARD, and ATTACH of a pooled connection, in one step
         if ex.head.expect and not ex.body_done and ex.http11:
             client.write(_CONTINUE)
         if conn is not None:
@@ -295,8 +306,7 @@ class Front:
 
     def relay_failed(self, client: ClientConn, ex: Exchange, status: int, text: str, close: bool = False) -> None:
         """A forwarded request failed before its answer started: the front answers it, in its turn."""
-        target = self._targets.get(ex.head.host)
-        label = f"{target.route}: " if isinstance(target, Target) else ""
+        label = f"{ex.route}: " if ex.route is not None else ""
         self.settle(ex, status, _FAIL)
         client.answer(ex, status, label + text, close=close)
         client.serve_next()
@@ -326,16 +336,14 @@ class Front:
         if chosen is not None and chosen != worker:
             self.surface.assign(user, chosen, now)
 
-    def worker_failed(self, worker_id: str | None, path: str | None = None) -> None:
-        """Refused, vanished or dropped a request unanswered: unroutable until its socket accepts again.
-        ``path``: its socket, by default its connection pool's."""
+    def worker_failed(self, worker_id: str | None, path: str) -> None:
+        """Refused, vanished or dropped a request unanswered (on its socket ``path``): unroutable until that
+        socket accepts again."""
         if worker_id is None or worker_id in self.unroutable:
             return
-        if path is None:
-            pool = self._pools.get(worker_id)
-            if pool is None:  # no pool, no socket to probe: leave it routable rather than lost for good
-                return
-            path = pool.path
+        pool = self._pools.get(worker_id)
+        if pool is not None and pool.path != path:
+            return  # an old socket's connection failed; the worker's current one is another pool's business
         self.unroutable.add(worker_id)
         self._drop_pool(worker_id)
         self._probes[worker_id] = watch(asyncio.get_running_loop().create_task(self._probe(worker_id, path)), log,

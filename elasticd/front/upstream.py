@@ -33,9 +33,14 @@ class Upstream:
     socket_path: str
 
 
+class _OutOfTurn(Exception):
+    """Raised from a parser callback to stop parsing bytes a worker sent after its complete answer."""
+
+
 class UpstreamConn(asyncio.Protocol):
     __slots__ = ("client", "closed", "done", "ex", "interim", "on_header", "out", "parser", "paused", "pool",
-                 "reader", "reason", "received", "response", "reused", "stale_parser", "transport", "tunnel")
+                 "reader", "reason", "received", "response", "reused", "stale_parser", "transport", "tunnel",
+                 "whole")
 
     def __init__(self, pool: ConnectionPool) -> None:
         self.pool = pool
@@ -58,6 +63,7 @@ class UpstreamConn(asyncio.Protocol):
         self.response: ResponseHead | None = None
         self.interim = False
         self.done = False
+        self.whole = 0
         self.received = False  # any byte of the answer came
         self.out: list[bytes] = []
 
@@ -130,7 +136,7 @@ class UpstreamConn(asyncio.Protocol):
                 self.pool.counters.answered += 1
                 client.answered(ex, self.response.close)
             else:
-                client.upstream_failed(ex, self.reused, self.received,
+                client.upstream_failed(ex, self.reused, self.received, self.pool.path,
                                        "closed the connection" if exc is None else str(exc))
         except RelayError as error:
             client.fail_closed(error)
@@ -190,9 +196,21 @@ class UpstreamConn(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.close()
             self.client = self.ex = None
+            cause = exc.__context__  # httptools wraps what a callback raised
+            if isinstance(cause, _OutOfTurn) and self.done:
+                del self.out[self.whole:]  # the next answer's header lines, if the reader shares ``out``
+                self._flush(client)
+                self.pool.counters.answered += 1
+                # The answer was whole: the client goes on as its head said; this connection is closed above.
+                client.answered(ex, None if self.response is None else self.response.close)
+                return
+            if isinstance(cause, RelayError):  # a step of ours, inside a parser callback: not the worker's fault
+                client.fail_closed(cause)
+                return
             self._flush(client)
             try:
-                client.upstream_failed(ex, self.reused, self.received, f"sent a malformed answer ({exc})")
+                client.upstream_failed(ex, self.reused, self.received, self.pool.path,
+                                       f"sent a malformed answer ({exc})")
             except RelayError as error:
                 client.fail_closed(error)
 
@@ -209,6 +227,10 @@ class UpstreamConn(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         ex = self.ex
         assert ex is not None
+        if self.done:
+            # Another answer in the same read, after a complete one: the worker speaks out of turn. What it
+            # sent for this request stands; the rest is dropped with the connection (see data_received).
+            raise _OutOfTurn
         parser = self.parser
         status = parser.get_status_code()
         tokens = self.reader.tokens
@@ -234,6 +256,7 @@ class UpstreamConn(asyncio.Protocol):
             # Complete at its head. httptools cannot be told to skip a HEAD answer's announced body (nor, in
             # 0.1.x, a 304's), so the parser is replaced before this connection carries another request.
             self.done = True
+            self.whole = len(self.out)
             self.stale_parser = True
 
     def on_body(self, body: bytes) -> None:
@@ -256,6 +279,7 @@ class UpstreamConn(asyncio.Protocol):
         if self.response is not None and self.response.framing == CHUNK:
             self.out.append(b"0\r\n\r\n")
         self.done = True
+        self.whole = len(self.out)  # what ``out`` holds of this answer: anything after is out of turn
 
 
 class ConnectionPool:

@@ -1,5 +1,9 @@
 """The front's sans-I/O core: no socket, no clock read, no event loop (time is passed in).
 
+- ``relay``: the phase table every request moves along, and the decisions at its edges (retry once, 499,
+  504 or a cut, the lingering close);
+- ``exchange``: one request and its answer, the only writer of its phase;
+- ``dispatch``: where a request goes (route, quota, sticky lookup, placement), ``Forward`` or ``Refuse``;
 - ``http1``: request and response framing over httptools, and what is refused (RFC 9112);
 - ``routing``: Host → app;
 - ``quota``: per-tenant concurrency gates and token buckets;

@@ -1,4 +1,4 @@
-"""Forward accounting: what the front clocks around every relay. Pure: times are passed in.
+"""Forward counters: what the front clocks around every relay. Pure: times are passed in.
 
 - per worker, cumulative ``requests``, ``errors`` (answers >= 500, the front's own 502/504 included) and
   ``seconds`` of forwarding — the forward counters the pool's worker_metrics rows snapshot;
@@ -6,7 +6,7 @@
 - the open requests: a dict id → the request (``.user``, ``.worker``, ``.ts``), not a counter — a drifted
   counter never heals, a stale entry is visible and swept by its timestamp; the pool quiesces a user on it;
 - per (tenant, app), answers by status code and a latency histogram, and per tenant the quota refusals:
-  what ``collector.FrontCollector`` exposes.
+  what ``request_metrics.FrontCollector`` exposes.
 
 Everything here is read by other threads only through copies (the metrics page renders in a thread).
 """
@@ -134,14 +134,16 @@ class ForwardCounters:
 
     # ------------------------------------------------------------------ housekeeping and reading
 
-    def sweep(self, horizon: float) -> list[int]:
+    def sweep(self, horizon: float) -> list[OpenRequest]:
         """Drop open entries older than ``horizon`` that are no longer live: only a bug could leave one (every
         request closes its own entry however it ends), and a visible, then swept, stale entry is the point of
-        using a dict. A request still relaying (a long download) is live whatever its age."""
-        stale = [rid for rid, request in list(self.open.items()) if request.ts < horizon and not request.live]
-        for rid in stale:
+        using a dict. A request still relaying (a long download) is live whatever its age. Returns the dropped
+        requests (the front gives back what else they held)."""
+        stale = [(rid, request) for rid, request in list(self.open.items())
+                 if request.ts < horizon and not request.live]
+        for rid, _ in stale:
             self.open.pop(rid, None)
-        return stale
+        return [request for _, request in stale]
 
     def open_of(self, user: str) -> list[OpenRequest]:
         """A user's requests in flight (a live move quiesces on this being empty)."""

@@ -12,7 +12,7 @@ from typing import Protocol
 from elasticd.front.core import http1
 from elasticd.front.core.counters import ForwardCounters, RouteStats, WorkerCounters
 from elasticd.front.core.quota import TenantQuota
-from elasticd.front.core.relay import EVENTS, NEXT, PHASES, Event, Phase, illegal, step
+from elasticd.front.core.relay import EVENTS, NEXT, PHASES, Event, Phase, RelayError, illegal, step
 from elasticd.front.core.routing import AppRoute
 from elasticd.front.core.sticky import SurfaceUser
 
@@ -72,13 +72,25 @@ class Exchange:
         self.ts = 0.0
 
     def end(self, event: Event, status: int, now: float, forwards: ForwardCounters) -> None:
-        """A forwarded exchange ends (``event``: answered, failed, cut, upgraded, the client left): its phase
-        moves first (an illegal end raises before anything is counted), then its counters entry closes and its
-        quota slot is given back — the one place that does either, so nothing is closed twice or left open."""
+        """A forwarded exchange ends (``event``, one of ``relay.ENDINGS``: answered, failed, cut, upgraded, the
+        client left): its phase moves first (an illegal end raises before anything is counted), then its
+        counters entry closes and its quota slot is given back — the one place that does either (with
+        ``abandon``), so nothing is closed twice or left open."""
         to = NEXT[self.phase * EVENTS + event]  # step(), inlined: every forwarded request ends through here
-        if to < 0:
+        if to < 0 or not self.rid:  # no entry open (QUEUED, or DONE already): nothing a forward can end
             raise illegal(self.phase, event)
         self.phase = PHASES[to]
+        self._close(status, now, forwards)
+
+    def abandon(self, now: float, forwards: ForwardCounters) -> None:
+        """Fail closed: whatever the phase (the table was found broken), the exchange is over, its counters
+        entry closed as a 502 if it was open, and its quota slot given back. Idempotent."""
+        self.phase = _DONE
+        self.conn = None
+        if self.rid:
+            self._close(502, now, forwards)
+
+    def _close(self, status: int, now: float, forwards: ForwardCounters) -> None:
         rid, self.rid = self.rid, 0
         counters, stats = self.counters, self.stats
         assert counters is not None and stats is not None  # set by the shell with FORWARD
@@ -90,19 +102,20 @@ class Exchange:
             self.quota = None
 
     def advance(self, event: Event) -> None:
-        to = NEXT[self.phase * EVENTS + event]  # step(), inlined: every request ends through here
+        """A step that opens or closes nothing (REFUSE: answered by the front before forwarding)."""
+        to = NEXT[self.phase * EVENTS + event]
         if to < 0:
             raise illegal(self.phase, event)
         self.phase = PHASES[to]
 
-    def forward(self, rid: int, conn: Link | None = None) -> None:
-        """FORWARD, opened in the counters as ``rid``; with ``conn`` (a pooled connection taken at once) also its
-        ATTACH, in the same call (the row exists: a forwarding exchange takes a connection)."""
+    def forward(self, forwards: ForwardCounters, conn: Link | None = None) -> None:
+        """FORWARD: checked first, then opened in the counters; with ``conn`` (a pooled connection taken at
+        once) also its ATTACH, in the same call (the row exists: a forwarding exchange takes a connection)."""
         to = NEXT[self.phase * EVENTS + _FORWARD]
         if to < 0:
             raise illegal(self.phase, _FORWARD)
         self.phase = PHASES[to]
-        self.rid = rid
+        self.rid = forwards.opened(self)
         if conn is not None:
             self.conn = conn  # FORWARDING --ATTACH--> FORWARDING
 
@@ -115,7 +128,7 @@ class Exchange:
 
     def retry(self) -> None:
         if self.retried:
-            raise ValueError("a request is sent again at most once")
+            raise RelayError("a request is sent again at most once")
         self.phase = step(self.phase, _RETRY)
         self.retried = True
         self.conn = None

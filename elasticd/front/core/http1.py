@@ -50,12 +50,13 @@ _NOT_NAMES = frozenset({b"close", b"keep-alive", b"upgrade", b""})  # Connection
 class RequestHead:
     """A client's request head, read. ``lines``: the end-to-end header lines as pieces to join."""
 
-    __slots__ = ("chunked", "cookie", "expect", "forwarded_for", "forwarded_host", "host", "keep_alive",
+    __slots__ = ("chunked", "cookie", "expect", "forwarded_for", "forwarded_host", "host", "hosts", "keep_alive",
                  "length", "lines", "proto", "upgrade")
 
     def __init__(self) -> None:
         self.lines: list[bytes] = []
         self.host: bytes | None = None
+        self.hosts = 0  # Host lines sent: two make the request ambiguous (RFC 9112 §3.2), and host None
         self.cookie: bytes | None = None
         self.forwarded_for: bytes | None = None
         self.forwarded_host: bytes | None = None
@@ -120,7 +121,8 @@ class RequestReader:
         if kind is None:
             head.lines.extend((name, b": ", value, b"\r\n"))
         elif kind == _HOST:
-            head.host = value
+            head.hosts += 1
+            head.host = value if head.hosts == 1 else None  # None: head_refusal, not the fast path, decides
             head.lines.extend((name, b": ", value, b"\r\n"))
         elif kind == _COOKIE:
             head.cookie = value if head.cookie is None else head.cookie + b"; " + value
@@ -173,24 +175,38 @@ def _set_host(head: RequestHead, authority: bytes) -> None:
     head.host = authority
 
 
-def head_refusal(head: RequestHead, url: bytes, http11: bool, version: str | None) -> tuple[int, str, bytes]:
+def head_refusal(head: RequestHead, method: bytes, url: bytes, http11: bool,
+                 version: str | None) -> tuple[int, str, bytes]:
     """What RFC 9112 makes of a complete request head before anything routes it: (0, "", target) to go on,
     with the target the worker gets, or (status, why, url) to refuse. ``version``: the parser's
-    "major.minor", needed only when the request is not HTTP/1.1 (``http11`` says so cheaply).
+    "major.minor", needed only when ``http11`` cannot be trusted to say it (a request not HTTP/1.1, or a
+    parser that does not check versions itself).
 
-    - HTTP/1.1 without Host: 400 (§3.2: "MUST respond with a 400"), not a 404 for an empty name.
-    - A version other than 1.0 and 1.1 (HTTP/0.9's bare request line, 2.0 over 1.1 framing): 400.
+    - HTTP/1.1 without Host, or with two Host lines: 400 (§3.2: "MUST respond with a 400").
+    - A version other than 1.0 and 1.1 (HTTP/0.9's bare request line, 1.2, 2.0 over 1.1 framing): 400.
+    - CONNECT (authority-form, §3.2.3): 501; the front is no forward proxy.
+    - The asterisk form (§3.2.4) only for OPTIONS; any other target that is neither origin-form nor an
+      http(s) absolute-form: 400.
     - An absolute-form target (§3.2.2): an origin server "MUST ignore the received Host header field … and
       instead use the host information of the request-target". The request is routed by the target's
       authority, the worker's Host line says that authority, and the worker gets the origin form (path and
       query), so no request is routed by one name while its worker is told another. A target with userinfo
       (``http://user@host/``, RFC 9110 §4.2.4) or an empty authority is refused.
     """
-    if not http11 and version != "1.0":
+    if version is not None and version not in ("1.0", "1.1"):
         return 400, f"HTTP/{version} is not supported (HTTP/1.1 or 1.0 only)", url
-    if url[:1] != b"/" and url != b"*":
+    if head.hosts > 1:
+        return 400, "a request with more than one Host header", url
+    if method == b"CONNECT":
+        return 501, "CONNECT is not supported", url
+    if url == b"*":
+        if method != b"OPTIONS":
+            return 400, "the asterisk target is for OPTIONS only", url
+    elif url[:1] != b"/":
         lower = url[:8].lower()
         skip = 7 if lower.startswith(b"http://") else 8 if lower.startswith(b"https://") else 0
+        if not skip:
+            return 400, "a request target must be a path or an http(s) URL", url
         if skip:
             rest = url[skip:]
             end = len(rest)
@@ -211,8 +227,9 @@ def head_refusal(head: RequestHead, url: bytes, http11: bool, version: str | Non
 
 
 def oversize_status(url_bytes: int, header_bytes: int, limit: int) -> tuple[int, str]:
-    """A head past ``limit`` bytes: 414 when the request line alone is (RFC 9110 §15.5.15), else 431."""
-    if url_bytes > limit or (header_bytes == 0 and url_bytes > 0):
+    """A head past ``limit`` bytes: 414 when the target is most of it (RFC 9110 §15.5.15), else 431 — also while
+    a first large header is still arriving and no header has been counted yet."""
+    if url_bytes > limit // 2:  # the target is the larger part of what passed the bound
         return 414, "request target too long"
     return 431, "request headers too large"
 

@@ -1,19 +1,20 @@
 """The relay's state machine: one owner for every request's state, its transitions as a table (h11-style).
 
-A request the front has read is an ``Exchange`` in one ``Phase``; only ``step`` moves it, and only along
+A request the front has read is an ``Exchange`` in one ``Phase``; only the table moves it, and only along
 ``TRANSITIONS``. An event that is not legal in the current phase raises ``RelayError``: the shell treats that
-as a bug of ours and fails closed (the client connection is closed, the worker's too), never as a silent
-"already done, ignore". Events that can legitimately arrive late (a connection task finishing after the
-client left) have their own rows, so "late" is a decision written down here, not a guard in a callback.
+as a bug of ours and fails closed (the exchange is abandoned — its counters entry and quota slot given back —
+and the client connection and the worker's are closed), never as a silent "already done, ignore". Whether
+something comes too late for its exchange (a connection made after the client left) is asked of the phase
+(``upstream_lost`` answers LATE; the shell's connect callback reads ``phase``), never stepped.
 
-                 REFUSE / CLIENT_LEFT
-        QUEUED ─────────────────────────────────────────────┐
+                 REFUSE
+        QUEUED ───────────────────────────────────────────────┐
           │ FORWARD (routed, admitted, placed: open in the counters)
-          ▼                                                   ▼
-      FORWARDING ── ATTACH, RETRY (itself) ── FAIL, CLIENT_LEFT, UPGRADE ──► DONE
-          │ ANSWER_HEAD (the worker's head went to the client)               ▲
-          ▼                                                                  │
-      ANSWERING ─────────────── ANSWER_END, CUT, CLIENT_LEFT, UPGRADE ────────┘
+          ▼                                                     ▼
+      FORWARDING ── ATTACH, RETRY (itself) ── FAIL, CLIENT_LEFT ──────► DONE
+          │ ANSWER_HEAD (the worker's head went to the client)           ▲
+          ▼                                                              │
+      ANSWERING ─────────────── ANSWER_END, CUT, CLIENT_LEFT, UPGRADE ────┘
 
 What happens *at* each failure (send once more, answer 502/504, cut the connection, account 499) is decided
 by the pure functions below, from the facts the shell reports; the shell then carries it out.
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["EVENTS", "IDEMPOTENT", "NEXT", "PHASES", "TRANSITIONS", "CloseMode", "Event", "Failure", "Phase",
+__all__ = ["ENDINGS", "EVENTS", "IDEMPOTENT", "NEXT", "PHASES", "TRANSITIONS", "CloseMode", "Event", "Failure", "Phase",
            "RelayError", "Timeout", "after_own_answer", "after_worker_answer", "client_left", "illegal", "step",
            "timed_out", "upstream_lost"]
 
@@ -46,7 +47,6 @@ class Event(enum.IntEnum):
     FAIL = 7  # forwarded but not answered: the front answers (502, 504)
     CUT = 8  # the answer began and cannot complete: the client connection is cut
     CLIENT_LEFT = 9
-    LATE = 10  # something for an exchange that is over (a connection made after the client left)
 
 
 class RelayError(Exception):
@@ -57,19 +57,19 @@ _Q, _F, _A, _D = Phase.QUEUED, Phase.FORWARDING, Phase.ANSWERING, Phase.DONE
 TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
     (_Q, Event.REFUSE): _D,
     (_Q, Event.FORWARD): _F,
-    (_Q, Event.CLIENT_LEFT): _D,
     (_F, Event.ATTACH): _F,
     (_F, Event.RETRY): _F,
-    (_F, Event.ANSWER_HEAD): _A,
-    (_F, Event.UPGRADE): _D,
+    (_F, Event.ANSWER_HEAD): _A,  # a 101 too: its head goes to the client, then UPGRADE ends the exchange
     (_F, Event.FAIL): _D,
     (_F, Event.CLIENT_LEFT): _D,
     (_A, Event.ANSWER_END): _D,
     (_A, Event.UPGRADE): _D,
     (_A, Event.CUT): _D,
     (_A, Event.CLIENT_LEFT): _D,
-    (_D, Event.LATE): _D,
 }
+# The events that end a forwarded exchange (Exchange.end): each closes its counters entry, so none of them
+# may come from QUEUED (never opened) or DONE (closed already) — the table has no such row.
+ENDINGS = frozenset({Event.FAIL, Event.CLIENT_LEFT, Event.ANSWER_END, Event.UPGRADE, Event.CUT})
 
 
 # The table flattened for the hot path: a list indexed by phase * len(Event) + event, -1 where there is no row.
