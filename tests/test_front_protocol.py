@@ -319,3 +319,39 @@ def test_a_second_answer_in_the_same_read_is_dropped_and_the_first_stands(tmp_pa
     got, still_open = run(scenario())
     assert [(a.status, a.body) for a in answers(got)] == [(200, b"first"), (200, b"first")]
     assert b"second" not in got and still_open == 0
+
+
+def test_an_illegal_step_fails_closed_and_gives_everything_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """A step the relay's table refuses (forced here inside the worker's parser callback, where httptools wraps
+    it): the client connection is aborted, the open-requests entry and the quota slot are given back, and the
+    next request is served as usual."""
+    from elasticd.config.model import Quotas
+    from elasticd.front.core.exchange import Exchange
+    from elasticd.front.core.relay import RelayError
+
+    real = Exchange.answer_head
+    calls = {"n": 0}
+
+    def broken_once(self: Exchange, status: int, login: bytes | None) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RelayError("forced by the test")
+        real(self, status, login)
+
+    monkeypatch.setattr(Exchange, "answer_head", broken_once)
+
+    async def scenario() -> tuple[bytes, bytes, dict, int]:
+        async with upstream_app(tmp_path / "w.sock", _path) as ups, \
+                front(ups, quotas={"acme": Quotas(max_concurrent_requests=1)}) as f:
+            with suppress(ConnectionError):
+                first = await raw(f, GET % b"first")
+            second = await raw(f, b"GET /second HTTP/1.1\r\nHost: shop.localhost\r\nConnection: close\r\n\r\n")
+            return first, second, dict(f.forwards.open), f.quotas.get("acme").gate.in_flight
+
+    with caplog.at_level("ERROR", logger="elasticd.front"):
+        first, second, still_open, in_flight = run(scenario())
+    assert first == b""  # aborted: no answer rather than one nobody owns
+    assert [(a.status, a.body) for a in answers(second)] == [(200, b"GET /second 0")]
+    assert still_open == {} and in_flight == 0
+    assert any("forced by the test" in r.getMessage() for r in caplog.records)
