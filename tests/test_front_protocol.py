@@ -134,6 +134,7 @@ def test_malformed_request_is_400(workers: list[Upstream], wire: bytes) -> None:
     (b"GET * HTTP/1.1\r\nHost: shop.localhost\r\n\r\n", 400),
     (b"GET ftp://shop.localhost/ HTTP/1.1\r\nHost: shop.localhost\r\n\r\n", 400),
     (b"CONNECT shop.localhost:443 HTTP/1.1\r\nHost: shop.localhost\r\n\r\n", 501),
+    (b"CONNECT / HTTP/1.1\r\nHost: shop.localhost\r\n\r\n", 501),  # origin-form: past the head checks
     (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: shop.localhost\r\n\r\n", 414),
     (b"POST / HTTP/1.1\r\nHost: shop.localhost\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n" + b"x" * 70_000, 400),
 ])

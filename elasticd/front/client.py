@@ -136,8 +136,13 @@ class ClientConn(asyncio.Protocol):
                     if tail:
                         ex.body.append(tail)
                         self.pending += len(tail)
-                elif ex is not None and ex.error is not None:
-                    self.draining = True  # refused at its head (CONNECT): what follows is not HTTP, dropped
+                elif ex is not None and ex.phase is _QUEUED:
+                    # The parser stops after a CONNECT's head (or an odd upgrade): that request is refused in its
+                    # turn, and what follows its head is not HTTP, so it is dropped.
+                    self.draining = True
+                    if ex.error is None:
+                        ex.error = ((501, "CONNECT is not supported") if ex.method == b"CONNECT"
+                                    else (400, "malformed request"))
                 else:
                     self._parse_error(400, "malformed request")
             except httptools.HttpParserError as exc:
