@@ -37,13 +37,8 @@ class Background:
     def spawn(self, coroutine: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coroutine, name=name)
         self._tasks.add(task)
-        task.add_done_callback(self._done)
-        return task
-
-    def _done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self._log.error("%s failed", self._what, exc_info=task.exception())
+        task.add_done_callback(self._tasks.discard)
+        return watch(task, self._log, self._what)
 
     def cancel(self) -> None:
         for task in list(self._tasks):

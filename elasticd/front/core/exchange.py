@@ -72,10 +72,10 @@ class Exchange:
         self.ts = 0.0
 
     def end(self, event: Event, status: int, now: float, forwards: ForwardCounters) -> None:
-        """A forwarded exchange ends (``event``, one of ``relay.ENDINGS``: answered, failed, cut, upgraded, the
-        client left): its phase moves first (an illegal end raises before anything is counted), then its
-        counters entry closes and its quota slot is given back — the one place that does either (with
-        ``abandon``), so nothing is closed twice or left open."""
+        """A forwarded exchange ends (``event``: answered, failed, cut, upgraded, the client left): its phase
+        moves first (an illegal end raises before anything is counted), then its counters entry closes and its
+        quota slot is given back — the one place that does either (with ``abandon``), so nothing is closed
+        twice or left open."""
         to = NEXT[self.phase * EVENTS + event]  # step(), inlined: every forwarded request ends through here
         if to < 0 or not self.rid:  # no entry open (QUEUED, or DONE already): nothing a forward can end
             raise illegal(self.phase, event)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["ENDINGS", "EVENTS", "IDEMPOTENT", "NEXT", "PHASES", "TRANSITIONS", "CloseMode", "Event", "Failure", "Phase",
+__all__ = ["EVENTS", "IDEMPOTENT", "NEXT", "PHASES", "TRANSITIONS", "CloseMode", "Event", "Failure", "Phase",
            "RelayError", "Timeout", "after_own_answer", "after_worker_answer", "client_left", "illegal", "step",
            "timed_out", "upstream_lost"]
 
@@ -67,9 +67,6 @@ TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
     (_A, Event.CUT): _D,
     (_A, Event.CLIENT_LEFT): _D,
 }
-# The events that end a forwarded exchange (Exchange.end): each closes its counters entry, so none of them
-# may come from QUEUED (never opened) or DONE (closed already) — the table has no such row.
-ENDINGS = frozenset({Event.FAIL, Event.CLIENT_LEFT, Event.ANSWER_END, Event.UPGRADE, Event.CUT})
 
 
 # The table flattened for the hot path: a list indexed by phase * len(Event) + event, -1 where there is no row.
