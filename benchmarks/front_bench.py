@@ -326,8 +326,8 @@ def ratios(results: list[Result]) -> str:
     for name in ("front (new users)", "front (returning user)"):
         r = by[name]
         assert r.cpu_us is not None and nginx.cpu_us is not None
-        lines.append(f"{name}/nginx: CPU per request {r.cpu_us / nginx.cpu_us:.2f}x (goal <= 1.5), "
-                     f"throughput {r.rps / nginx.rps:.2f}x (goal >= 0.9)")
+        lines.append(f"{name}/nginx: CPU per request {r.cpu_us / nginx.cpu_us:.2f}x (goal <= 1.3), "
+                     f"throughput {r.rps / nginx.rps:.2f}x (goal >= 1.0)")
     return "\n".join(lines)
 
 
@@ -343,8 +343,8 @@ def ratio_medians(rounds: list[list[Result]]) -> str:
             cpu.append(front.cpu_us / nginx.cpu_us)
             rps.append(front.rps / nginx.rps)
         lines.append(f"{name}/nginx: CPU per request {statistics.median(cpu):.2f}x "
-                     f"(rounds {min(cpu):.2f}-{max(cpu):.2f}; goal <= 1.5), throughput {statistics.median(rps):.2f}x "
-                     f"(rounds {min(rps):.2f}-{max(rps):.2f}; goal >= 0.9)")
+                     f"(rounds {min(cpu):.2f}-{max(cpu):.2f}; goal <= 1.3), throughput {statistics.median(rps):.2f}x "
+                     f"(rounds {min(rps):.2f}-{max(rps):.2f}; goal >= 1.0)")
     return "\n".join(lines)
 
 

@@ -18,7 +18,6 @@ from elasticd.front.core.relay import (
     RelayError,
     Timeout,
     after_own_answer,
-    after_worker_answer,
     client_left,
     step,
     timed_out,
@@ -175,14 +174,6 @@ _CALM = dict(close=False, keep_alive=True, client_eof=False, stopping=False, upg
 ])
 def test_the_lingering_close(changes, expected):
     assert after_own_answer(**{**_CALM, **changes}) is expected
-
-
-@pytest.mark.parametrize(("response_close", "changes", "expected"), [
-    (False, {}, False), (True, {}, True), (None, {}, True), (False, {"body_done": False}, True),
-    (False, {"client_eof": True}, True), (False, {"stopping": True}, True), (False, {"upgrading": True}, True)])
-def test_after_a_worker_answer(response_close, changes, expected):
-    facts = {"body_done": True, "client_eof": False, "stopping": False, "upgrading": False, **changes}
-    assert after_worker_answer(response_close, **facts) is expected
 
 
 def test_forward_with_a_pooled_connection_attaches_it_in_the_same_step():

@@ -35,7 +35,6 @@ log = logging.getLogger("elasticd.front")
 # (tenant, app, group) -> the upstreams routable right now, in the group's stable order (first: reception).
 WorkersFn = Callable[[str, str, str], Sequence[Upstream]]
 
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _FORWARDING, _REFUSE, _FAIL = Phase.FORWARDING, Event.REFUSE, Event.FAIL
 _MISS = object()
 _MAX_HOSTS = 1024  # Host header values remembered with their route (a flood of odd names only resets it)
@@ -178,10 +177,7 @@ class Front:
         try:
             now = self.clock()
             for conn in list(self.conns):
-                if conn.tunnel is not None:
-                    limit = self.tunnel_timeout
-                else:
-                    limit = self.keepalive_timeout if conn.idle else self.request_timeout
+                limit = conn.relay.idle_limit(self.keepalive_timeout, self.request_timeout, self.tunnel_timeout)
                 if now - conn.active_at > limit:
                     try:
                         conn.timed_out()
@@ -228,7 +224,9 @@ class Front:
             target = self._targets[host]  # target(), its cache hit inlined
         except KeyError:
             target = self.target(host)
-        now = self.clock()
+        # The callback that led here (bytes from the client, or the end of the answer before) stamped this
+        # instant on the connection: no second clock read per request.
+        now = client.active_at
         if target is not None:
             route = target.route
             workers = self._workers(route.tenant, route.app, route.group)
@@ -255,11 +253,16 @@ class Front:
         if conn is not None and conn.closed:
             conn = pool.take()
         ex.forward(self.forwards, conn)  # FORWARD, and ATTACH of a pooled connection, in one step
-        if ex.head.expect and not ex.body_done and ex.http11:
-            client.write(_CONTINUE)
+        if ex.head.expect:  # the relay says whether the client waits for a 100 Continue
+            interim = client.relay.interim(ex)
+            if interim:
+                client.write(interim)
         if conn is not None:
-            conn.attach(ex, client, reused=True)
-            client.send_head(ex)
+            conn.attach(ex, client, True)  # reused
+            relay = client.relay
+            conn.write(relay.request_bytes(ex, client.peer))  # client.send_head(), inlined: once per request
+            if relay.paused and relay.relieved() and client.transport is not None:
+                client.transport.resume_reading()
         else:
             self.connect(client, ex, pool)
 
@@ -316,6 +319,12 @@ class Front:
         carried is handed to the surface and the pool's placement."""
         now = self.clock()
         ex.end(event, status, now, self.forwards)
+        if ex.login is not None:
+            self.logged_in(ex, now)
+
+    def logged_in(self, ex: Exchange, now: float) -> None:
+        """The answer to ``ex`` carried X-Elastic-Login: the surface learns it, the pool's placement may move the
+        user (``ex`` has ended: called by ``settle``, or by the client side after its own ``Exchange.end``)."""
         login = ex.login
         if login is not None and ex.user is not None and ex.worker is not None:
             name = None if login == b"-" else login.decode("utf-8", "replace")

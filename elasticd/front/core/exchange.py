@@ -37,6 +37,7 @@ class Link(Protocol):
 _QUEUED, _FORWARDING, _ANSWERING, _DONE = Phase.QUEUED, Phase.FORWARDING, Phase.ANSWERING, Phase.DONE
 # The steps every request takes, inlined below (step() itself serves the rest): next = NEXT[phase * EVENTS + e].
 _FORWARD, _ATTACH, _RETRY, _ANSWER_HEAD = Event.FORWARD, Event.ATTACH, Event.RETRY, Event.ANSWER_HEAD
+_FAIL = Event.FAIL
 
 
 class Exchange:
@@ -80,17 +81,6 @@ class Exchange:
         if to < 0 or not self.rid:  # no entry open (QUEUED, or DONE already): nothing a forward can end
             raise illegal(self.phase, event)
         self.phase = PHASES[to]
-        self._close(status, now, forwards)
-
-    def abandon(self, now: float, forwards: ForwardCounters) -> None:
-        """Fail closed: whatever the phase (the table was found broken), the exchange is over, its counters
-        entry closed as a 502 if it was open, and its quota slot given back. Idempotent."""
-        self.phase = _DONE
-        self.conn = None
-        if self.rid:
-            self._close(502, now, forwards)
-
-    def _close(self, status: int, now: float, forwards: ForwardCounters) -> None:
         rid, self.rid = self.rid, 0
         counters, stats = self.counters, self.stats
         assert counters is not None and stats is not None  # set by the shell with FORWARD
@@ -100,6 +90,15 @@ class Exchange:
             if quota.gate.in_flight > 0:  # quota.leave(), inlined
                 quota.gate.in_flight -= 1
             self.quota = None
+
+    def abandon(self, now: float, forwards: ForwardCounters) -> None:
+        """Fail closed: whatever the phase (the table was found broken), the exchange is over, its counters
+        entry closed as a 502 if it was open, and its quota slot given back. Idempotent."""
+        self.conn = None
+        if self.rid:
+            self.phase = _FORWARDING  # whatever it was: from here the table's FAIL ends it, through end()
+            self.end(_FAIL, 502, now, forwards)
+        self.phase = _DONE
 
     def advance(self, event: Event) -> None:
         """A step that opens or closes nothing (REFUSE: answered by the front before forwarding)."""

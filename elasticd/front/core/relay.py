@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 
 __all__ = ["EVENTS", "IDEMPOTENT", "NEXT", "PHASES", "TRANSITIONS", "CloseMode", "Event", "Failure", "Phase",
-           "RelayError", "Timeout", "after_own_answer", "after_worker_answer", "client_left", "illegal", "step",
+           "RelayError", "Timeout", "after_own_answer", "client_left", "illegal", "step",
            "timed_out", "upstream_lost"]
 
 
@@ -161,10 +161,3 @@ def after_own_answer(*, close: bool, keep_alive: bool, client_eof: bool, stoppin
     if not (close or not keep_alive or client_eof or stopping or upgrading or (not body_done and expect)):
         return CloseMode.KEEP
     return CloseMode.CLOSE if body_done and not parse_error else CloseMode.LINGER
-
-
-def after_worker_answer(response_close: bool | None, body_done: bool, client_eof: bool, stopping: bool,
-                        upgrading: bool) -> bool:
-    """Whether the client connection closes after a worker's complete answer (``response_close`` None: the
-    answer ended without a head, which cannot happen on a complete answer and closes)."""
-    return response_close is None or response_close or not body_done or client_eof or stopping or upgrading

@@ -1,0 +1,415 @@
+"""The relay of one client connection, with no I/O: bytes the client sent go in, and out come the bytes for the
+client and for the worker and a small set of effects for the shell to carry out (h11's model: the shell owns
+the socket, this owns the state).
+
+It holds what a connection's requests share: the pipelined queue (requests read ahead of the one being
+served, their bodies buffered), the request being parsed, the bytes buffered and why reading is paused, the
+upgrade under way and the tunnel it became, and whether the connection is draining (answered and closing:
+what the client still sends is dropped). Each request in it is an ``Exchange``, whose phase only the relay's
+table moves (``relay.TRANSITIONS``). The parser (httptools, a C library: no I/O) calls this object back.
+
+Inputs (socket events, as the shell sees them): ``receive`` (bytes from the client), ``client_eof``,
+``client_lost``, and from the worker's side ``worker_answered``, ``worker_lost``, ``upgraded``; ``timeout``
+for a connection idle past its limit (the shell's one periodic tick asks ``idle_limit``). Outputs: the
+methods return an effect (``receive``: a bitmask of ``SERVE``/``PAUSE``/``TO_WORKER``/``FAIL``/``CLOSE``;
+the others a ``CloseMode``, a ``Failure``, a ``Timeout``) and the bytes to write (``request_bytes``,
+``body_bytes``, ``own_answer``, ``raw``). Anything the table does not allow raises ``RelayError``; the shell
+then fails closed (``abandon``).
+
+The effects are ints and the bytes are returned, not wrapped: this runs for every request, and an object per
+effect would cost more than the step it describes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import httptools
+
+from elasticd.front.core import http1
+from elasticd.front.core.counters import ForwardCounters
+from elasticd.front.core.exchange import NO_HEAD, Exchange, Link
+from elasticd.front.core.relay import (
+    CloseMode,
+    Failure,
+    Phase,
+    RelayError,
+    Timeout,
+    after_own_answer,
+    client_left,
+    timed_out,
+    upstream_lost,
+)
+
+__all__ = ["CLOSE", "CONTINUE", "FAIL", "MAX_PENDING", "MAX_QUEUE", "PAUSE", "SERVE", "TO_WORKER", "ClientRelay"]
+
+MAX_QUEUE = 16  # pipelined requests read ahead of the one being served
+MAX_PENDING = 256 << 10  # request body bytes buffered before reading from the client pauses
+
+# ``receive``'s effects (a bitmask; 0: nothing to do).
+SERVE = 1  # the first request can move: dispatch it (``next_request``) or send its body on (``body_bytes``)
+PAUSE = 2  # stop reading from the client: the queue or the buffered body is over its bound
+TO_WORKER = 4  # the bytes were raw (after an upgrade): write them, as they are, to ``link``
+FAIL = 8  # the request under way broke inside its body: close ``link``, answer ``failure`` in its turn
+CLOSE = 16  # close the client connection at once (a request broke mid-answer: its entry ends as it is lost)
+
+# Why reading from the client is paused (both may hold).
+FOR_QUEUE, FOR_UPSTREAM = 1, 2
+
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+_QUEUED, _FORWARDING, _ANSWERING, _DONE = Phase.QUEUED, Phase.FORWARDING, Phase.ANSWERING, Phase.DONE
+# httptools >= 0.2 (llhttp) refuses versions other than 1.0 and 1.1 itself; 0.1.x (http-parser, Debian bookworm's)
+# reads "HTTP/1.2" as a keep-alive 1.x, so there every request's version is asked and checked.
+_PARSER_CHECKS_VERSION = tuple(int(part) for part in httptools.__version__.split(".")[:2]) >= (0, 2)
+
+
+class ClientRelay:
+    """One client connection's requests, from their bytes to their answers' ends."""
+
+    __slots__ = ("cur", "draining", "eof", "failure", "head_bytes", "link", "max_header_bytes", "on_header",
+                 "parser", "paused", "pending", "queue", "reader", "tunnel", "upgrading")
+
+    def __init__(self, max_header_bytes: int) -> None:
+        self.max_header_bytes = max_header_bytes
+        self.reader = http1.RequestReader()
+        self.on_header = self.reader.header  # the parser calls the pure reader directly: one call per header
+        self.parser = httptools.HttpRequestParser(self)
+        self.queue: deque[Exchange] = deque()
+        self.cur: Exchange | None = None  # the request being parsed
+        self.head_bytes = 0  # bytes of the current head read so far
+        self.pending = 0  # request body bytes read and not yet handed out for a worker
+        self.paused = 0  # FOR_QUEUE | FOR_UPSTREAM
+        self.eof = False  # the client stopped sending
+        self.draining = False  # answered and closing: what the client still sends is dropped
+        self.upgrading: Exchange | None = None  # an upgrade request: what follows its head is raw
+        self.tunnel: Link | None = None  # the worker's connection once the upgrade went through
+        self.link: Link | None = None  # with TO_WORKER or FAIL: the worker connection meant
+        self.failure: tuple[Exchange, int, str] | None = None  # with FAIL: the request and its answer
+
+    # ------------------------------------------------------------------ input: bytes from the client
+
+    def receive(self, data: bytes) -> int:
+        """Bytes the client sent. Returns the effects (0, or SERVE | PAUSE | TO_WORKER | FAIL | CLOSE)."""
+        if self.draining:
+            return 0
+        if self.upgrading is not None or self.tunnel is not None:
+            return self._raw(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade as exc:
+            effects = self._after_upgrade_head(data[exc.args[0]:])
+            if effects:
+                return effects
+        except httptools.HttpParserError as exc:
+            if isinstance(exc.__context__, RelayError):  # httptools wraps what a callback raised: ours, a bug
+                raise exc.__context__ from None
+            # Over the head's limit only while in a head: a malformed chunk-size line in a body is a 400.
+            cur = self.cur
+            limit = self.max_header_bytes
+            if cur is not None and cur.head is NO_HEAD and self.head_bytes + len(data) > limit:
+                return self._parse_error(*http1.oversize_status(len(cur.url), self.reader.size, limit))
+            return self._parse_error(400, f"bad request: {exc}")
+        cur = self.cur
+        if cur is not None and cur.head is NO_HEAD:
+            self.head_bytes += len(data)
+            limit = self.max_header_bytes
+            if self.head_bytes > limit:
+                return self._parse_error(*http1.oversize_status(len(cur.url), self.reader.size, limit))
+        if not self.queue:
+            return 0
+        if len(self.queue) > MAX_QUEUE or self.pending > MAX_PENDING:
+            return SERVE | PAUSE if self.pause(FOR_QUEUE) else SERVE
+        return SERVE
+
+    def _after_upgrade_head(self, tail: bytes) -> int:
+        """The parser stopped after a head it will not read past: an upgrade request (what follows is the new
+        protocol), or a CONNECT (refused in its turn; what follows is not HTTP, and is dropped)."""
+        ex = self.queue[-1] if self.queue else None
+        if ex is not None and ex.head.upgrade is not None:
+            self.upgrading = ex
+            if tail:
+                ex.body.append(tail)
+                self.pending += len(tail)
+            return 0
+        if ex is not None and ex.phase is _QUEUED:
+            self.draining = True
+            if ex.error is None:
+                ex.error = ((501, "CONNECT is not supported") if ex.method == b"CONNECT"
+                            else (400, "malformed request"))
+            return 0
+        return self._parse_error(400, "malformed request")
+
+    def _raw(self, data: bytes) -> int:
+        """Bytes after an upgrade request's head: relayed as they are, or kept until its connection is up."""
+        if self.tunnel is not None:
+            self.link = self.tunnel
+            return TO_WORKER
+        ex = self.upgrading
+        assert ex is not None
+        if ex.conn is not None and ex.conn.transport is not None:
+            self.link = ex.conn
+            return TO_WORKER
+        if ex.phase is not _DONE:
+            ex.body.append(data)
+            self.pending += len(data)
+        return 0
+
+    def client_eof(self) -> None:
+        """The client stopped sending. As nginx: a half-close cannot be told from a close, so the client has
+        left; the shell lets the connection close (``client_lost`` follows)."""
+        self.eof = True
+
+    def client_lost(self) -> tuple[list[Link], Exchange | None, int]:
+        """The client connection is gone: (the worker connections to close, the exchange to settle as
+        CLIENT_LEFT or None, its status — 499 while nothing of the answer was sent, as nginx)."""
+        links: list[Link] = []
+        if self.tunnel is not None:
+            links.append(self.tunnel)
+            self.tunnel = None
+        settle: Exchange | None = None
+        status = 0
+        if self.queue:
+            ex = self.queue[0]
+            left = client_left(ex.phase, ex.status)
+            if left is not None:
+                if ex.conn is not None:  # free the worker at once
+                    links.append(ex.conn)
+                    ex.conn = None
+                settle, status = ex, left
+            self.queue.clear()
+        return links, settle, status
+
+    # ------------------------------------------------------------------ httptools callbacks
+
+    def on_message_begin(self) -> None:
+        self.cur = Exchange()
+        self.reader.start()
+        self.head_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        cur = self.cur
+        assert cur is not None
+        cur.url += url
+
+    def on_headers_complete(self) -> None:
+        cur = self.cur
+        assert cur is not None
+        parser = self.parser
+        cur.method = parser.get_method()
+        tokens = self.reader.tokens
+        # is_http11's common case inlined: keep-alive without a Connection header is HTTP/1.1.
+        cur.http11 = http11 = (tokens is None and parser.should_keep_alive()) or http1.is_http11(parser, tokens)
+        cur.head = self.reader.finish(http11, parser.should_upgrade())
+        limit = self.max_header_bytes
+        if self.reader.size + len(cur.url) > limit:
+            cur.error = http1.oversize_status(len(cur.url), self.reader.size, limit)
+        elif not http11 or cur.head.host is None or cur.url[:1] != b"/" or not _PARSER_CHECKS_VERSION:
+            # Anything but the common HTTP/1.1, Host and origin-form request goes through RFC 9112's checks.
+            version = None if http11 and _PARSER_CHECKS_VERSION else parser.get_http_version()
+            status, why, cur.url = http1.head_refusal(cur.head, cur.method, cur.url, http11, version)
+            if status:
+                cur.error = (status, why)
+        self.queue.append(cur)
+
+    def on_body(self, body: bytes) -> None:
+        cur = self.cur
+        if cur is not None and cur.phase is not _DONE:
+            cur.body.append(body)
+            self.pending += len(body)
+
+    def on_message_complete(self) -> None:
+        cur = self.cur
+        if cur is not None:
+            cur.body_done = True
+            self.cur = None
+
+    def _parse_error(self, status: int, text: str) -> int:
+        """The parser gave up: what it could not read is answered in its turn, then the connection closes."""
+        self.draining = True  # nothing after the error can be framed: what still comes is dropped
+        ex = self.cur if self.cur is not None else Exchange()
+        self.cur = None
+        if ex.head is NO_HEAD:
+            ex.head = http1.RequestHead()
+        ex.head.keep_alive = False
+        if ex.in_flight and ex in self.queue:  # broken inside the body of the request under way
+            ex.body_done = True
+            if ex.phase is _FORWARDING:
+                self.link, ex.conn = ex.conn, None
+                self.failure = (ex, status, text)
+                return FAIL
+            return CLOSE  # mid-answer: cut (its entry is closed as the connection is lost)
+        ex.error = (status, text)
+        if ex not in self.queue:
+            self.queue.append(ex)
+        return SERVE
+
+    # ------------------------------------------------------------------ serving the queue
+
+    def next_request(self) -> Exchange | None:
+        """The first request when it waits to be dispatched (answered ones leave the queue here); None when
+        the first is under way or there is none."""
+        queue = self.queue
+        while queue:
+            ex = queue[0]
+            phase = ex.phase
+            if phase is _QUEUED:
+                return ex
+            if phase is not _DONE:
+                return None
+            queue.popleft()
+        return None
+
+    def interim(self, ex: Exchange) -> bytes:
+        """What the client gets as ``ex`` is forwarded: 100 Continue when it waits for one before its body."""
+        if ex.head.expect and not ex.body_done and ex.http11:
+            return CONTINUE
+        return b""
+
+    def request_bytes(self, ex: Exchange, peer: bytes | None) -> bytes:
+        """``ex`` has its worker connection: the head, with whatever body already came, as one write."""
+        assert ex.user is not None
+        parts = http1.upstream_head(ex.method, ex.url, ex.head, peer, ex.user.encode())
+        if ex.body or not ex.body_done or self.upgrading is ex:
+            self._body_parts(ex, parts)
+        else:
+            ex.sent = True  # no body: the head is the whole request
+        return b"".join(parts)
+
+    def body_bytes(self) -> tuple[Link | None, bytes]:
+        """More of the body of the request under way, for its worker connection (b"" when none is due)."""
+        ex = self.queue[0] if self.queue else None
+        if ex is None or ex.phase is _QUEUED or ex.phase is _DONE:  # not under way
+            return None, b""
+        conn = ex.conn
+        if conn is None or conn.transport is None or not (ex.body or (ex.body_done and not ex.sent)):
+            return None, b""
+        parts: list[bytes] = []
+        self._body_parts(ex, parts)
+        return conn, b"".join(parts)
+
+    def _body_parts(self, ex: Exchange, parts: list[bytes]) -> None:
+        chunked = ex.head.chunked is not None and self.upgrading is not ex
+        for data in ex.body:
+            self.pending -= len(data)
+            if chunked:
+                parts.extend(http1.chunk(data))
+            else:
+                parts.append(data)
+        ex.body.clear()
+        if ex.body_done and not ex.sent:
+            ex.sent = True
+            if chunked:
+                parts.append(b"0\r\n\r\n")
+
+    def relieved(self) -> bool:
+        """After body bytes went out or a request left the queue: True when reading resumes (it was paused
+        for the queue, and the queue and the buffer are back under their bounds)."""
+        if self.paused & FOR_QUEUE and self.pending <= MAX_PENDING and len(self.queue) <= MAX_QUEUE:
+            return self.resume(FOR_QUEUE)
+        return False
+
+    def pause(self, why: int) -> bool:
+        """True when reading must stop now (it was not paused for another reason)."""
+        was = self.paused
+        self.paused = was | why
+        return not was
+
+    def resume(self, why: int) -> bool:
+        """True when reading must start again (no other reason holds it)."""
+        was = self.paused
+        self.paused = was & ~why
+        return bool(was) and not self.paused
+
+    # ------------------------------------------------------------------ answers
+
+    def own_answer(self, ex: Exchange, status: int, text: str, *, retry_after: int | None, close: bool,
+                   stopping: bool) -> tuple[bytes, CloseMode]:
+        """An answer of the front's own to ``ex``, in its turn (its phase is the caller's to advance): the bytes
+        for the client and how the connection goes on. A lingering close starts draining here."""
+        mode = after_own_answer(close=close, keep_alive=ex.head.keep_alive, client_eof=self.eof, stopping=stopping,
+                                upgrading=self.upgrading is ex, body_done=ex.body_done, expect=ex.head.expect,
+                                parse_error=ex.error is not None)
+        data = http1.plain(status, text, close=mode is not CloseMode.KEEP, retry_after=retry_after,
+                           head_request=ex.method == b"HEAD")
+        if ex.body:
+            self.pending -= sum(map(len, ex.body))
+            ex.body.clear()
+        if self.queue and self.queue[0] is ex:
+            self.queue.popleft()
+        if mode is CloseMode.LINGER:
+            self.draining = True
+        return data, mode
+
+    def worker_answered(self, ex: Exchange, close_after: bool | None, stopping: bool) -> bool:
+        """The worker's answer to ``ex`` is complete and relayed, and ``ex`` settled: True when the client
+        connection closes now, False when the next request may be served. ``close_after``: what the answer's
+        head said (None: no head came, which cannot happen on a complete answer, and closes). It closes too
+        when the request's body was not read whole (nothing after it could be framed), when the client stopped
+        sending or the front is stopping, and after an upgrade the worker refused."""
+        ex.conn = None
+        queue = self.queue
+        if queue and queue[0] is ex:
+            queue.popleft()
+        return (close_after is None or close_after or not ex.body_done or self.eof or stopping
+                or self.upgrading is ex)
+
+    def worker_lost(self, ex: Exchange, *, reused: bool, received: bool) -> Failure:
+        """The worker's connection ended before the answer did: RETRY (``ex`` is ready to be sent again),
+        BAD_GATEWAY, CUT (the shell settles and cuts) or LATE (nothing to do)."""
+        failure = upstream_lost(ex.phase, reused=reused, received=received, retried=ex.retried,
+                                has_body=ex.head.has_body, method=ex.method, upgrading=self.upgrading is ex)
+        if failure is Failure.RETRY:
+            ex.retry()
+        elif failure is not Failure.LATE:
+            ex.conn = None
+        return failure
+
+    def upgraded(self, ex: Exchange, link: Link) -> bytes:
+        """101 went to the client (``ex`` settled as UPGRADE): both connections now carry the new protocol.
+        Returns what the client already sent past the head, for the worker."""
+        ex.conn = None
+        if self.queue and self.queue[0] is ex:
+            self.queue.popleft()
+        self.tunnel = link
+        self.upgrading = None
+        data = b"".join(ex.body)
+        self.pending -= len(data)
+        ex.body.clear()
+        return data
+
+    # ------------------------------------------------------------------ time and failure
+
+    @property
+    def idle(self) -> bool:
+        """Between requests: nothing queued, being parsed or tunnelled."""
+        return not self.queue and self.cur is None and self.tunnel is None
+
+    def idle_limit(self, keepalive: float, request: float, tunnel: float) -> float:
+        """How long this connection may go without a byte moving either way."""
+        if self.tunnel is not None:
+            return tunnel
+        return keepalive if self.idle else request
+
+    def timeout(self) -> tuple[Timeout, Exchange | None, Link | None]:
+        """No byte moved for ``idle_limit``: CLOSE (idle, or a head that never completed), GATEWAY_TIMEOUT (the
+        shell answers 504 and closes) or CUT (the shell settles and cuts); with the worker connection to close."""
+        ex = self.queue[0] if self.queue else None
+        decision = timed_out(ex.phase if ex is not None else None)
+        if ex is None or decision is Timeout.CLOSE:
+            return Timeout.CLOSE, None, None
+        link, ex.conn = ex.conn, None
+        return decision, ex, link
+
+    def abandon(self, now: float, forwards: ForwardCounters) -> list[Link]:
+        """Fail closed (a transition the table does not have: a bug of ours): every exchange is over, its
+        counters entry closed and quota slot given back. Returns the worker connections to close."""
+        links = [ex.conn for ex in self.queue if ex.conn is not None]
+        for ex in self.queue:
+            ex.abandon(now, forwards)
+        self.queue.clear()
+        if self.tunnel is not None:
+            links.append(self.tunnel)
+            self.tunnel = None
+        self.draining = True
+        return links
