@@ -25,6 +25,7 @@ class ClientSide(Protocol):
 
     active_at: float
     clock: Callable[[], float]
+    transport: Any  # the client's asyncio transport, None once it is lost (the worker side writes to it)
 
     def write(self, data: bytes) -> None: ...
 

@@ -260,7 +260,9 @@ class Front:
         if conn is not None:
             conn.attach(ex, client, True)  # reused
             relay = client.relay
-            conn.write(relay.request_bytes(ex, client.peer))  # client.send_head(), inlined: once per request
+            transport = conn.transport  # a pooled connection that is not closed: conn.write(), inlined
+            assert transport is not None
+            transport.write(relay.request_bytes(ex, client.peer))  # client.send_head(), inlined
             if relay.paused and relay.relieved() and client.transport is not None:
                 client.transport.resume_reading()
         else:

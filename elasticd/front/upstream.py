@@ -162,7 +162,9 @@ class UpstreamConn(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
             if self.out:
-                client.write(b"".join(self.out))
+                transport = client.transport  # client.write(), inlined: once per read
+                if transport is not None:
+                    transport.write(b"".join(self.out))
                 self.out = []
             if self.done:
                 # The answer is complete: this connection goes back to its pool when the worker keeps it alive

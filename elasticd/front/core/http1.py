@@ -343,7 +343,7 @@ class ResponseReader:
                client_keep_alive: bool, extra: bytes = b"") -> ResponseHead:
         """``extra``: header lines the front adds (the new user's Set-Cookie)."""
         parts = self.lines
-        parts[0] = status_line(status, reason)
+        parts[0] = _STATUS_LINES.get((status, reason)) or status_line(status, reason)  # its cache, inlined
         tokens = self.tokens
         upstream_keep_alive = upstream11
         if tokens is not None:
