@@ -1,5 +1,7 @@
 """The front's sans-I/O core: no socket, no clock read, no event loop (time is passed in).
 
+- ``connection``: one client connection's relay — its bytes in, effects and bytes out (pipelining, upgrade,
+  draining, pausing, parse errors);
 - ``relay``: the phase table every request moves along, and the decisions at its edges (retry once, 499,
   504 or a cut, the lingering close);
 - ``exchange``: one request and its answer, the only writer of its phase;
