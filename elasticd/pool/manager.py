@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from elasticd.background import Background
 from elasticd.config.model import Config, PoolSettings, Server
@@ -43,49 +43,19 @@ from elasticd.pool.journal import Journal
 from elasticd.pool.ledger import ledger, plan_compaction
 from elasticd.pool.liveness import Progress, observe, reporting, verdict
 from elasticd.pool.policy import PoolDecision, WorkerView, check_capacity, next_hold, place_login
+from elasticd.pool.ports import GroupKey, PoolForwards, PoolSupervisor, PoolSurface
 from elasticd.pool.report import Report
 from elasticd.pool.sensing import TreeSensor, tree_cpu
+from elasticd.pool.user_loads import user_loads
 from elasticd.worker_ids import parse_worker_id
 
 __all__ = ["LIMITED_RESOURCES", "PoolManager"]
 
 log = logging.getLogger("elasticd.pool")
 
-GroupKey = tuple[str, str, str]
 LIMITED_RESOURCES = ("cpu", "memory", "pids")  # what can hold a scale-up (elasticd_group_limit_bound)
 _DRAIN_POLL = 0.1  # seconds between two looks at what is still open on a draining worker
 MEASURED_ROWS = SMOOTHING_ROWS // 2  # readings before a worker's occupancy may ask for a scale-up
-
-
-class _Supervisor(Protocol):
-    def workers_of(self, key: GroupKey) -> list[Any]: ...
-    def held(self, key: GroupKey) -> int: ...
-    def add_worker(self, key: GroupKey) -> Any: ...
-    async def retire(self, worker_id: str) -> None: ...
-    async def replace_worker(self, worker_id: str) -> None: ...
-
-
-class _User(Protocol):
-    seconds: float
-    login: str | None
-
-
-class _Surface(Protocol):
-    def on(self, worker: str) -> Iterable[tuple[str, _User]]: ...
-    def assign(self, user: str, worker: str, now: float) -> Any: ...
-
-
-class _Counters(Protocol):
-    requests: int
-    errors: int
-    seconds: float
-    answered: int
-
-
-class _Forwards(Protocol):
-    def worker(self, worker_id: str) -> _Counters: ...
-    def open_by_worker(self) -> dict[str, int]: ...
-    def oldest_open_by_worker(self) -> dict[str, float]: ...
 
 
 class _Group:
@@ -129,7 +99,7 @@ class PoolManager:
         "interval",
     )
 
-    def __init__(self, supervisor: _Supervisor, surface: _Surface, forwards: _Forwards, *,
+    def __init__(self, supervisor: PoolSupervisor, surface: PoolSurface, forwards: PoolForwards, *,
                  interval: float, hung_after: float | None = None,
                  budget: Callable[[str, str], Budget] | None = None,
                  tunnels: Callable[[], Mapping[str, int]] | None = None,
@@ -349,22 +319,7 @@ class PoolManager:
         self._spawn(self._retire(key, entry, plan.retire))
 
     def _user_loads(self, entry: _Group, views: Sequence[WorkerView]) -> dict[str, dict[str, float]]:
-        """Each logged-in user's share of its worker's occupancy, from the forward seconds it consumed since
-        the last check (evenly when it consumed none: an idle user costs little, but is not free). Guests are
-        left out: they never move (when their worker goes, the front re-places them on the reception)."""
-        loads: dict[str, dict[str, float]] = {}
-        seen: dict[str, float] = {}
-        for view in views:
-            deltas, logged_in = {}, set()
-            for user, record in self._surface.on(view.id):
-                seen[user] = record.seconds
-                deltas[user] = max(record.seconds - entry.user_seconds.get(user, 0.0), 0.0)
-                if record.login is not None:
-                    logged_in.add(user)
-            if deltas:  # shares over every user, guests too; only the logged-in ones are given to move
-                loads[view.id] = {u: share for u, share in loads_for(view.occupancy, deltas).items()
-                                  if u in logged_in}
-        entry.user_seconds = seen
+        loads, entry.user_seconds = user_loads(views, self._surface.on, entry.user_seconds)
         return loads
 
     async def _retire(self, key: GroupKey, entry: _Group, worker_id: str) -> None:
@@ -522,8 +477,3 @@ def _key_of(worker_id: str) -> GroupKey | None:
     parts = parse_worker_id(worker_id)
     return parts.group_key if parts is not None else None
 
-
-def loads_for(worker_occupancy: float, deltas: Mapping[str, float]) -> dict[str, float]:
-    """Split a worker's occupancy among its users in proportion to what each consumed."""
-    total = sum(deltas.values())
-    return {u: worker_occupancy * (d / total if total else 1 / len(deltas)) for u, d in deltas.items()}

@@ -1,0 +1,44 @@
+"""What the pool's manager sees of the rest of the daemon: the supervisor (its workers, by group), the front's
+surface (users and where they live) and its forward counters. Protocols only, so the manager is tested with
+small fakes and imports none of those modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+__all__ = ["GroupKey", "PoolCounters", "PoolForwards", "PoolSupervisor", "PoolSurface", "PoolUser"]
+
+GroupKey = tuple[str, str, str]
+
+
+class PoolSupervisor(Protocol):
+    def workers_of(self, key: GroupKey) -> list[Any]: ...
+    def held(self, key: GroupKey) -> int: ...
+    def add_worker(self, key: GroupKey) -> Any: ...
+    async def retire(self, worker_id: str) -> None: ...
+    async def replace_worker(self, worker_id: str) -> None: ...
+
+
+class PoolUser(Protocol):
+    seconds: float
+    login: str | None
+
+
+class PoolSurface(Protocol):
+    def on(self, worker: str) -> Iterable[tuple[str, PoolUser]]: ...
+    def assign(self, user: str, worker: str, now: float) -> Any: ...
+
+
+class PoolCounters(Protocol):
+    requests: int
+    errors: int
+    seconds: float
+    answered: int
+
+
+class PoolForwards(Protocol):
+    def worker(self, worker_id: str) -> PoolCounters: ...
+    def open_by_worker(self) -> dict[str, int]: ...
+    def oldest_open_by_worker(self) -> dict[str, float]: ...
