@@ -70,6 +70,8 @@ class Daemon:
     __slots__ = (
         "_controllers",
         "_reload_lock",
+        "_routing",
+        "_routing_version",
         "_said",
         "_stop",
         "_tasks",
@@ -121,6 +123,8 @@ class Daemon:
         self._stop = asyncio.Event()
         self._tasks = Background(log, "a background task of the daemon")  # activations, reloads, removals
         self._upstream_of: dict[str, Upstream] = {}
+        self._routing: dict[tuple[str, str, str], list[Upstream]] = {}  # see _upstreams
+        self._routing_version = -1
         self._controllers: dict[str, frozenset[str]] = {}  # per tenant, read at each activation
         self._said: set[str] = set()  # warnings given once per start
 
@@ -139,15 +143,25 @@ class Daemon:
                          app_samples=self.sampler.history(("app", tenant, app)))
 
     def _upstreams(self, tenant: str, app: str, group: str) -> list[Upstream]:
-        """Called by the front for every request: the pool's routable workers (the one draining filter), each
-        worker's Upstream made once."""
-        cache = self._upstream_of
-        upstreams = []
-        for w in self.pool.routable((tenant, app, group)):
-            upstream = cache.get(w.id)
-            if upstream is None:
-                upstream = cache[w.id] = Upstream(w.id, w.socket_path)
-            upstreams.append(upstream)
+        """Called by the front for every request: the pool's routable workers (the one draining filter), as
+        Upstreams. Worked out once per group until what is routable may have changed — a worker's state, a
+        group's membership (the supervisor's ``changes``), a drain (the pool's) — not per request: with N
+        workers that is O(N) Python a request. The list is shared: the front only reads it."""
+        version = self.supervisor.changes + self.pool.changes  # both only grow: their sum moves with either
+        if version != self._routing_version:
+            self._routing.clear()
+            self._routing_version = version
+        key = (tenant, app, group)
+        upstreams = self._routing.get(key)
+        if upstreams is None:
+            cache = self._upstream_of
+            upstreams = []
+            for w in self.pool.routable(key):
+                upstream = cache.get(w.id)
+                if upstream is None:
+                    upstream = cache[w.id] = Upstream(w.id, w.socket_path)
+                upstreams.append(upstream)
+            self._routing[key] = upstreams
         return upstreams
 
     def _authenticate(self, worker_id: str, token: str, pid: int, uid: int) -> str | None:

@@ -364,3 +364,26 @@ def test_runnable_names_the_path_and_why():
     tool.chmod(0o711)
     assert "is a script user nobody cannot read" in runnable(str(tool), "/usr/bin", nobody)
     shutil.rmtree(tmp_path)
+
+
+async def test_every_change_of_what_is_routable_is_counted(tmp_path):
+    """The daemon caches the front's routing per group until ``changes`` moves: a membership change or a
+    worker's state change that went uncounted would keep routing to a worker that left its group."""
+    (tmp_path / "workers").mkdir()
+    spec = WorkerSpec(argv=(sys.executable, "-c", SERVER), env=(), cwd=str(tmp_path), leaf=None)
+    supervisor = Supervisor(str(tmp_path), lambda tenant, app: None, start_wait=10)
+    key = ("t", "a", "g")
+    seen = supervisor.changes
+    assert await supervisor._start_group(key, Desired(spec, 1, 1)) == []
+    assert supervisor.changes > seen  # the group, its worker's states, its membership
+    seen = supervisor.changes
+    assert await supervisor._resize_group(key, Desired(spec, 2, 2)) == []
+    assert supervisor.changes > seen and len(supervisor.workers_of(key)) == 2
+    seen = supervisor.changes
+    await supervisor._resize_group(key, Desired(spec, 1, 1))  # the newest leaves the group at once
+    assert supervisor.changes > seen and [w.id for w in supervisor.workers_of(key)] == ["t.a.g.1"]
+    with pytest.raises(AttributeError):  # membership is replaced whole, through the counting setter
+        supervisor.workers_of(key).append(None)  # type: ignore[attr-defined]
+    seen = supervisor.changes
+    await supervisor.stop_all()
+    assert supervisor.changes > seen  # their states: stopping, stopped

@@ -75,7 +75,9 @@ class _Group:
         self.rss: dict[str, int] = {}  # each worker's latest RSS (the memory hold's "one more worker")
         self.sensors: dict[str, TreeSensor] = {}
         self.spawning: set[str] = set()
-        self.draining: set[str] = set()
+        # Replaced whole, never changed in place (a frozenset has no add): each change is counted by the
+        # manager (``changes``), which the front's cached routing relies on.
+        self.draining: frozenset[str] = frozenset()
         self.journal = Journal()
         self.user_seconds: dict[str, float] = {}  # user → cumulative seconds at the last ledger check
 
@@ -95,6 +97,7 @@ class PoolManager:
         "_tree_cpu",
         "_tunnels",
         "_wall",
+        "changes",
         "hung_after",
         "interval",
     )
@@ -120,6 +123,7 @@ class PoolManager:
         self._last_report: dict[str, tuple[float, float | None]] = {}  # worker → (when, its loop_lag)
         self._progress: dict[str, Progress] = {}
         self._tasks = Background(log, "pool: a retire or replacement")
+        self.changes = 0  # bumped whenever ``routable`` may answer otherwise (a drain begins or ends, a reload)
 
     # ------------------------------------------------------------------ config
 
@@ -128,6 +132,7 @@ class PoolManager:
         self.interval = config.server.occupancy_interval
         self.hung_after = config.server.hung_after
         wanted = {(t.name, a.name, g.name): g for t, a, g in config.groups()}
+        self.changes += 1
         for key in [k for k in self._groups if k not in wanted]:
             del self._groups[key]
         for key, group in wanted.items():
@@ -314,7 +319,8 @@ class PoolManager:
         now = self._clock()
         for user, target in plan.moves.items():
             self._surface.assign(user, target, now)
-        entry.draining.add(plan.retire)
+        entry.draining = entry.draining | {plan.retire}
+        self.changes += 1
         log.info("pool %s: compaction: draining %s (%d users moved)", "/".join(key), plan.retire, len(plan.moves))
         self._spawn(self._retire(key, entry, plan.retire))
 
@@ -333,7 +339,8 @@ class PoolManager:
                                          {"waited_seconds": round(self._clock() - started, 3)}))
             await self._supervisor.retire(worker_id)
         finally:
-            entry.draining.discard(worker_id)
+            entry.draining = entry.draining - {worker_id}
+            self.changes += 1
             self.forget_worker(worker_id)
 
     async def wait_drained(self, worker_ids: Sequence[str], drain_timeout: float) -> dict[str, str]:

@@ -5,7 +5,7 @@ small fakes and imports none of those modules.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 __all__ = ["GroupKey", "PoolCounters", "PoolForwards", "PoolSupervisor", "PoolSurface", "PoolUser"]
@@ -14,7 +14,7 @@ GroupKey = tuple[str, str, str]
 
 
 class PoolSupervisor(Protocol):
-    def workers_of(self, key: GroupKey) -> list[Any]: ...
+    def workers_of(self, key: GroupKey) -> Sequence[Any]: ...
     def held(self, key: GroupKey) -> int: ...
     def add_worker(self, key: GroupKey) -> Any: ...
     async def retire(self, worker_id: str) -> None: ...

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from elasticd.background import Background
@@ -34,7 +34,7 @@ __all__ = ["ApplyResult", "Supervisor"]
 log = logging.getLogger("elasticd.supervisor")
 
 # (the workers leaving, the longest they may take) → returns once nothing is open on them, or at the timeout
-DrainFn = Callable[[list[Worker], float], Awaitable[object]]
+DrainFn = Callable[[Sequence[Worker], float], Awaitable[object]]
 
 
 # How long a start or reload waits for new workers to accept connections before it reports them.
@@ -50,16 +50,30 @@ class ApplyResult:
 
 
 class _Group:
-    __slots__ = ("desired", "workers")
+    """A group's definition and its workers. The workers are a tuple, replaced whole through the setter: every
+    change of membership is then counted (``Supervisor.changes``), which the front's cached routing relies
+    on; an in-place append or remove, which would go uncounted, does not exist on a tuple."""
 
-    def __init__(self, desired: Desired) -> None:
+    __slots__ = ("_changed", "_workers", "desired")
+
+    def __init__(self, desired: Desired, changed: Callable[[], None]) -> None:
         self.desired = desired
-        self.workers: list[Worker] = []
+        self._changed = changed
+        self._workers: tuple[Worker, ...] = ()
+
+    @property
+    def workers(self) -> tuple[Worker, ...]:
+        return self._workers
+
+    @workers.setter
+    def workers(self, workers: Sequence[Worker]) -> None:
+        self._workers = tuple(workers)
+        self._changed()
 
 
 class Supervisor:
-    __slots__ = ("_alive", "_background", "_counters", "_groups", "_lock", "drain", "leaf_for", "occupancy_interval",
-                 "on_worker_state", "runtime_dir", "start_wait", "stop_timeout", "stopping")
+    __slots__ = ("_alive", "_background", "_counters", "_groups", "_lock", "changes", "drain", "leaf_for",
+                 "occupancy_interval", "on_worker_state", "runtime_dir", "start_wait", "stop_timeout", "stopping")
 
     def __init__(self, runtime_dir: str, leaf_for: Callable[[str, str], str | None], *,
                  stop_timeout: float = 10.0, occupancy_interval: float = 5.0,
@@ -70,6 +84,9 @@ class Supervisor:
         self.occupancy_interval = occupancy_interval
         self.start_wait = start_wait
         self.on_worker_state: Callable[[Worker], None] | None = None
+        # Bumped by every change of what is routable: a group's membership, a group added or removed, a worker's
+        # state. Whoever caches a view of the routable workers compares it (the daemon's routing for the front).
+        self.changes = 0
         self._groups: dict[GroupKey, _Group] = {}
         self._alive: dict[str, Worker] = {}
         # Per group, the last worker number given. Kept when a group is removed: its workers may still be
@@ -156,7 +173,7 @@ class Supervisor:
         if entry is None or self.stopping:
             return None
         worker = self._new_worker(key, entry, entry.desired.spec)
-        entry.workers.append(worker)
+        entry.workers = (*entry.workers, worker)
         worker.start()
         return worker
 
@@ -165,7 +182,7 @@ class Supervisor:
         for entry in self._groups.values():
             for worker in entry.workers:
                 if worker.id == worker_id:
-                    entry.workers.remove(worker)
+                    entry.workers = [w for w in entry.workers if w is not worker]
                     await self._stop(worker, self.stop_timeout)
                     return
 
@@ -176,16 +193,16 @@ class Supervisor:
         for key, entry in self._groups.items():
             for worker in entry.workers:
                 if worker.id == worker_id:
-                    entry.workers.remove(worker)
+                    entry.workers = [w for w in entry.workers if w is not worker]
                     await worker.kill()
                     if self._alive.get(worker.id) is worker:
                         del self._alive[worker.id]
                     self.add_worker(key)
                     return
 
-    def workers_of(self, key: GroupKey) -> list[Worker]:
+    def workers_of(self, key: GroupKey) -> tuple[Worker, ...]:
         entry = self._groups.get(key)
-        return list(entry.workers) if entry else []
+        return entry.workers if entry else ()
 
     async def stop_all(self) -> None:
         """Every worker alive, in parallel, each with the grace then SIGKILL: bounded by one stop_timeout.
@@ -204,9 +221,17 @@ class Supervisor:
         tenant, app, group = key
         worker = Worker(format_worker_id(tenant, app, group, number), tenant, app, group, spec,
                         runtime_dir=self.runtime_dir, occupancy_interval=self.occupancy_interval)
-        worker.on_state = self.on_worker_state
+        worker.on_state = self._worker_state
         self._alive[worker.id] = worker  # before it starts: from here on, stop_all reaches it
         return worker
+
+    def _changed(self) -> None:
+        self.changes += 1
+
+    def _worker_state(self, worker: Worker) -> None:
+        self.changes += 1  # routable or not may have changed
+        if self.on_worker_state is not None:
+            self.on_worker_state(worker)
 
     async def _stop(self, worker: Worker, grace: float) -> None:
         # Out of _alive only once it has stopped: a stop cancelled half-way (a retire at shutdown) leaves the
@@ -215,7 +240,7 @@ class Supervisor:
         if self._alive.get(worker.id) is worker:
             del self._alive[worker.id]
 
-    def _retire_later(self, workers: list[Worker], drain_timeout: float) -> asyncio.Task[None] | None:
+    def _retire_later(self, workers: Sequence[Worker], drain_timeout: float) -> asyncio.Task[None] | None:
         """Drain, then stop, in the background (the workers are already out of their group's list)."""
         if not workers:
             return None
@@ -246,9 +271,10 @@ class Supervisor:
         return fresh, problems  # the daemon logs them, with the rest of an activation's problems
 
     async def _start_group(self, key: GroupKey, want: Desired) -> list[str]:
-        entry = self._groups[key] = _Group(want)
+        entry = self._groups[key] = _Group(want, self._changed)
+        self._changed()
         fresh, problems = await self._launch(key, entry, want.spec, want.min_workers)
-        entry.workers.extend(fresh)
+        entry.workers = (*entry.workers, *fresh)
         return problems
 
     async def _replace_group(self, key: GroupKey, want: Desired) -> list[str]:
@@ -278,7 +304,7 @@ class Supervisor:
             self._retire_later(leaving, want.drain_timeout)
             return []
         fresh, problems = await self._launch(key, entry, want.spec, -surplus)
-        entry.workers.extend(fresh)
+        entry.workers = (*entry.workers, *fresh)
         return problems
 
     async def _revive_failed(self, key: GroupKey) -> list[str]:
@@ -289,16 +315,17 @@ class Supervisor:
         entry.workers = [w for w in entry.workers if w.state != "failed"]
         await self._stop_workers(failed)
         fresh, problems = await self._launch(key, entry, entry.desired.spec, len(failed))
-        entry.workers.extend(fresh)
+        entry.workers = (*entry.workers, *fresh)
         return problems
 
     def _stop_group(self, key: GroupKey) -> asyncio.Task[None] | None:
         entry = self._groups.pop(key, None)
         if entry is None:
             return None
-        return self._retire_later(entry.workers, entry.desired.drain_timeout)
+        self._changed()
+        return self._retire_later(list(entry.workers), entry.desired.drain_timeout)
 
-    async def _stop_workers(self, workers: list[Worker]) -> None:
+    async def _stop_workers(self, workers: Sequence[Worker]) -> None:
         await asyncio.gather(*(self._stop(w, self.stop_timeout) for w in workers))
 
 
