@@ -13,7 +13,7 @@ from elasticd.front.core.connection import (
     CONTINUE,
     FAIL,
     MAX_QUEUE,
-    PAUSE,
+    CROWDED,
     SERVE,
     TO_WORKER,
     ClientRelay,
@@ -85,8 +85,10 @@ def test_pipelined_requests_wait_their_turn():
 
 def test_too_many_pipelined_requests_pause_reading_once_and_resume_when_served():
     relay = ClientRelay(32 << 10)
-    assert relay.receive(GET * (MAX_QUEUE + 1)) == SERVE | PAUSE
-    assert relay.receive(GET) == SERVE  # paused already: not asked again
+    assert relay.receive(GET * (MAX_QUEUE + 1)) == SERVE | CROWDED
+    assert relay.pause_if_crowded() is True  # still crowded after serving: pause
+    assert relay.receive(GET) == SERVE | CROWDED
+    assert relay.pause_if_crowded() is False  # paused already
     for left in (MAX_QUEUE + 1, MAX_QUEUE):
         ex = relay.next_request()
         assert ex is not None
@@ -411,3 +413,14 @@ def test_abandon_closes_every_open_entry_and_gives_the_links_back():
     assert relay.abandon(2.0, forwards) == [link]
     assert forwards.open_by_worker() == {} and ex.phase is Phase.DONE and not relay.queue and relay.draining
     assert relay.receive(GET) == 0
+
+
+def test_a_body_over_the_bound_that_serving_sends_on_pauses_nothing():
+    relay = ClientRelay(32 << 10)
+    relay.receive(b"POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 400000\r\n\r\n")
+    ex, link = forward(relay)
+    relay.request_bytes(ex, None)
+    assert relay.receive(b"x" * 300_000) == SERVE | CROWDED  # over MAX_PENDING, until it is sent on
+    sent_to, data = relay.body_bytes()
+    assert sent_to is link and len(data) == 300_000 and relay.pending == 0
+    assert relay.pause_if_crowded() is False and relay.paused == 0

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from elasticd.front.core.connection import CLOSE, FAIL, FOR_UPSTREAM, PAUSE, SERVE, TO_WORKER, ClientRelay
+from elasticd.front.core.connection import CLOSE, CROWDED, FAIL, FOR_UPSTREAM, SERVE, TO_WORKER, ClientRelay
 from elasticd.front.core.exchange import Exchange
 from elasticd.front.core.relay import CloseMode, Event, Failure, Phase, RelayError, Timeout
 
@@ -108,7 +108,7 @@ class ClientConn(asyncio.Protocol):
             self.transport.close()
         if effects & SERVE:
             self._pump()
-        if effects & PAUSE and self.transport is not None:
+        if effects & CROWDED and relay.pause_if_crowded() and self.transport is not None:
             self.transport.pause_reading()
 
     def write(self, data: bytes) -> None:

@@ -11,7 +11,7 @@ table moves (``relay.TRANSITIONS``). The parser (httptools, a C library: no I/O)
 Inputs (socket events, as the shell sees them): ``receive`` (bytes from the client), ``client_eof``,
 ``client_lost``, and from the worker's side ``worker_answered``, ``worker_lost``, ``upgraded``; ``timeout``
 for a connection idle past its limit (the shell's one periodic tick asks ``idle_limit``). Outputs: the
-methods return an effect (``receive``: a bitmask of ``SERVE``/``PAUSE``/``TO_WORKER``/``FAIL``/``CLOSE``;
+methods return an effect (``receive``: a bitmask of ``SERVE``/``CROWDED``/``TO_WORKER``/``FAIL``/``CLOSE``;
 the others a ``CloseMode``, a ``Failure``, a ``Timeout``) and the bytes to write (``request_bytes``,
 ``body_bytes``, ``own_answer``, ``raw``). Anything the table does not allow raises ``RelayError``; the shell
 then fails closed (``abandon``).
@@ -41,14 +41,14 @@ from elasticd.front.core.relay import (
     upstream_lost,
 )
 
-__all__ = ["CLOSE", "CONTINUE", "FAIL", "MAX_PENDING", "MAX_QUEUE", "PAUSE", "SERVE", "TO_WORKER", "ClientRelay"]
+__all__ = ["CLOSE", "CONTINUE", "CROWDED", "FAIL", "MAX_PENDING", "MAX_QUEUE", "SERVE", "TO_WORKER", "ClientRelay"]
 
 MAX_QUEUE = 16  # pipelined requests read ahead of the one being served
 MAX_PENDING = 256 << 10  # request body bytes buffered before reading from the client pauses
 
 # ``receive``'s effects (a bitmask; 0: nothing to do).
 SERVE = 1  # the first request can move: dispatch it (``next_request``) or send its body on (``body_bytes``)
-PAUSE = 2  # stop reading from the client: the queue or the buffered body is over its bound
+CROWDED = 2  # the queue or the buffered body is over its bound: once served, ask ``pause_if_crowded``
 TO_WORKER = 4  # the bytes were raw (after an upgrade): write them, as they are, to ``link``
 FAIL = 8  # the request under way broke inside its body: close ``link``, answer ``failure`` in its turn
 CLOSE = 16  # close the client connection at once (a request broke mid-answer: its entry ends as it is lost)
@@ -90,7 +90,7 @@ class ClientRelay:
     # ------------------------------------------------------------------ input: bytes from the client
 
     def receive(self, data: bytes) -> int:
-        """Bytes the client sent. Returns the effects (0, or SERVE | PAUSE | TO_WORKER | FAIL | CLOSE)."""
+        """Bytes the client sent. Returns the effects (0, or SERVE | CROWDED | TO_WORKER | FAIL | CLOSE)."""
         if self.draining:
             return 0
         if self.upgrading is not None or self.tunnel is not None:
@@ -119,7 +119,7 @@ class ClientRelay:
         if not self.queue:
             return 0
         if len(self.queue) > MAX_QUEUE or self.pending > MAX_PENDING:
-            return SERVE | PAUSE if self.pause(FOR_QUEUE) else SERVE
+            return SERVE | CROWDED
         return SERVE
 
     def _after_upgrade_head(self, tail: bytes) -> int:
@@ -301,6 +301,14 @@ class ClientRelay:
             ex.sent = True
             if chunked:
                 parts.append(b"0\r\n\r\n")
+
+    def pause_if_crowded(self) -> bool:
+        """After serving what ``receive`` said was CROWDED: True when reading must stop now (the queue or the
+        buffer is still over its bound, and reading was not paused already). Asked after serving, not before:
+        serving may have relieved it, and a resume must never come before the pause it undoes."""
+        if len(self.queue) > MAX_QUEUE or self.pending > MAX_PENDING:
+            return self.pause(FOR_QUEUE)
+        return False
 
     def relieved(self) -> bool:
         """After body bytes went out or a request left the queue: True when reading resumes (it was paused
