@@ -11,9 +11,9 @@ from elasticd.front.core import http1
 from elasticd.front.core.connection import (
     CLOSE,
     CONTINUE,
+    CROWDED,
     FAIL,
     MAX_QUEUE,
-    CROWDED,
     SERVE,
     TO_WORKER,
     ClientRelay,

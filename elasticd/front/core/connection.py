@@ -183,8 +183,7 @@ class ClientRelay:
     # ------------------------------------------------------------------ httptools callbacks
 
     def on_message_begin(self) -> None:
-        self.cur = Exchange()
-        self.reader.start()
+        self.cur = Exchange()  # the reader is ready: its finish() readied it for this head
         self.head_bytes = 0
 
     def on_url(self, url: bytes) -> None:
@@ -197,13 +196,14 @@ class ClientRelay:
         assert cur is not None
         parser = self.parser
         cur.method = parser.get_method()
-        tokens = self.reader.tokens
+        reader = self.reader
+        tokens, size = reader.tokens, reader.size  # before finish(), which readies the reader for the next head
         # is_http11's common case inlined: keep-alive without a Connection header is HTTP/1.1.
         cur.http11 = http11 = (tokens is None and parser.should_keep_alive()) or http1.is_http11(parser, tokens)
-        cur.head = self.reader.finish(http11, parser.should_upgrade())
+        cur.head = reader.finish(http11, parser.should_upgrade())
         limit = self.max_header_bytes
-        if self.reader.size + len(cur.url) > limit:
-            cur.error = http1.oversize_status(len(cur.url), self.reader.size, limit)
+        if size + len(cur.url) > limit:
+            cur.error = http1.oversize_status(len(cur.url), size, limit)
         elif not http11 or cur.head.host is None or cur.url[:1] != b"/" or not _PARSER_CHECKS_VERSION:
             # Anything but the common HTTP/1.1, Host and origin-form request goes through RFC 9112's checks.
             version = None if http11 and _PARSER_CHECKS_VERSION else parser.get_http_version()

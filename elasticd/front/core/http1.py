@@ -149,7 +149,8 @@ class RequestReader:
         # _DROP: hop-by-hop, or X-Elastic-User-Id (only the front says who the user is)
 
     def finish(self, http11: bool, upgrade: bool) -> RequestHead:
-        """``upgrade``: the parser saw a real upgrade request (Upgrade with Connection: upgrade)."""
+        """``upgrade``: the parser saw a real upgrade request (Upgrade with Connection: upgrade). The reader is
+        ready for the next head afterwards (``size`` and ``tokens`` describe that one: read them first)."""
         head = self.head
         if not upgrade:
             head.upgrade = None
@@ -163,6 +164,9 @@ class RequestReader:
                 head.lines = _drop_named(head.lines, named)
                 if b"cookie" in named:
                     head.cookie = None
+        self.head = RequestHead()  # start(), inlined: readied for the next head in the same call
+        self.size = 0
+        self.tokens = None
         return head
 
 
@@ -310,9 +314,15 @@ class ResponseReader:
     """Reads response heads one header at a time (``header`` is the parser's ``on_header``); ``finish``
     decides the client's head and the framing. No I/O."""
 
-    __slots__ = ("chunked", "length", "lines", "login", "tokens", "upgrade")
+    __slots__ = ("chunked", "last_line", "last_reason", "last_status", "length", "lines", "login", "tokens",
+                 "upgrade")
 
     def __init__(self) -> None:
+        # The last status line made: a worker answers the same status most of the time, and comparing two
+        # values costs less than hashing a (status, reason) key for the shared cache.
+        self.last_status = 0
+        self.last_reason: bytes | None = None
+        self.last_line = b""
         self.start()
 
     def start(self) -> None:
@@ -341,10 +351,18 @@ class ResponseReader:
 
     def finish(self, status: int, reason: bytes | None, upstream11: bool, head_request: bool, client11: bool,
                client_keep_alive: bool, extra: bytes = b"") -> ResponseHead:
-        """``extra``: header lines the front adds (the new user's Set-Cookie)."""
+        """``extra``: header lines the front adds (the new user's Set-Cookie). The reader is ready for the next
+        head afterwards."""
         parts = self.lines
-        parts[0] = _STATUS_LINES.get((status, reason)) or status_line(status, reason)  # its cache, inlined
-        tokens = self.tokens
+        if status == self.last_status and reason == self.last_reason:
+            parts[0] = self.last_line
+        else:
+            parts[0] = self.last_line = status_line(status, reason)
+            self.last_status, self.last_reason = status, reason
+        tokens, length, chunked, login, upgrade = self.tokens, self.length, self.chunked, self.login, self.upgrade
+        self.lines = [b""]  # start(), inlined: readied for the next head in the same call
+        self.tokens = self.length = self.login = self.upgrade = None
+        self.chunked = False
         upstream_keep_alive = upstream11
         if tokens is not None:
             upstream_keep_alive = (b"close" not in tokens) if upstream11 else (b"keep-alive" in tokens)
@@ -353,15 +371,15 @@ class ResponseReader:
                 parts = [parts[0], *_drop_named(parts[1:], named)]
         if status == 101:
             # The handshake crosses whole: from here on both connections carry the new protocol.
-            parts.extend((b"Connection: upgrade\r\nUpgrade: ", self.upgrade or b"", b"\r\n", extra, b"\r\n"))
-            return ResponseHead(parts, EOF, True, False, True, self.login)
+            parts.extend((b"Connection: upgrade\r\nUpgrade: ", upgrade or b"", b"\r\n", extra, b"\r\n"))
+            return ResponseHead(parts, EOF, True, False, True, login)
         upstream_eof = False
         if head_request or status in (204, 304) or status < 200:
             framing = NONE  # a Content-Length here describes the body a GET would have had: it stays as said
-        elif self.length is not None and not self.chunked:
+        elif length is not None and not chunked:
             framing = LENGTH
         else:
-            upstream_eof = not self.chunked
+            upstream_eof = not chunked
             framing = CHUNK if client11 else EOF
         close = not client_keep_alive or framing == EOF
         if extra:
@@ -373,8 +391,7 @@ class ResponseReader:
         elif not client11:
             parts.append(b"Connection: keep-alive\r\n")
         parts.append(b"\r\n")
-        return ResponseHead(parts, framing, close, upstream_keep_alive and not upstream_eof, upstream_eof,
-                            self.login)
+        return ResponseHead(parts, framing, close, upstream_keep_alive and not upstream_eof, upstream_eof, login)
 
 
 def read_response(status: int, reason: bytes | None, headers: list[tuple[bytes, bytes]], upstream11: bool, *,

@@ -33,6 +33,7 @@ COOKIE = "elastic_uid"
 _NEEDLE = COOKIE.encode() + b"="
 _ID_LEN = 32  # hex digits of 128 bits
 _HEX_DIGITS = b"0123456789abcdef"
+_ALONE = len(_NEEDLE) + _ID_LEN  # a Cookie header carrying our cookie only
 
 
 class _Random:
@@ -71,6 +72,9 @@ def user_from_cookie(header: bytes) -> str | None:
     accepted as is (after a restart or ``ttl`` the user keeps its id, and guessing another user's 128 bits
     is not a way in: the surface only steers where requests go).
     """
+    if len(header) == _ALONE and header.startswith(_NEEDLE):  # the common case: our cookie, and only it
+        value = header[len(_NEEDLE):]
+        return None if value.translate(None, _HEX_DIGITS) else value.decode("ascii")
     start = header.find(_NEEDLE)
     while start >= 0:
         if start == 0 or header[start - 1] in b" ;":
