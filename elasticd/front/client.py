@@ -12,7 +12,16 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from elasticd.front.core.connection import CLOSE, CROWDED, FAIL, FOR_UPSTREAM, SERVE, TO_WORKER, ClientRelay
+from elasticd.front.core.connection import (
+    CLOSE,
+    CROWDED,
+    DISPATCH,
+    FAIL,
+    FOR_UPSTREAM,
+    SERVE,
+    TO_WORKER,
+    ClientRelay,
+)
 from elasticd.front.core.exchange import Exchange
 from elasticd.front.core.relay import CloseMode, Event, Failure, Phase, RelayError, Timeout
 
@@ -83,7 +92,12 @@ class ClientConn(asyncio.Protocol):
         relay = self.relay
         try:
             effects = relay.receive(data)
-            if effects == SERVE:  # the common case: a request (or more of its body) to move along
+            if effects == DISPATCH:  # the common case: one new request, nothing else queued
+                ex = relay.queue[0]
+                self.front.dispatch(self, ex)
+                if ex.phase is _DONE:  # answered by the front itself: whatever came after it is next
+                    self._pump()
+            elif effects == SERVE:  # a request (or more of its body) to move along
                 self._pump()
             elif effects:
                 self._carry_out(effects, data)

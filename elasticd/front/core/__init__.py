@@ -2,6 +2,8 @@
 
 - ``connection``: one client connection's relay — its bytes in, effects and bytes out (pipelining, upgrade,
   draining, pausing, parse errors);
+- ``answer``: one worker connection's relay — the worker's bytes in, the client's bytes and effects out (answered,
+  release or close the connection, upgraded, failed);
 - ``relay``: the phase table every request moves along, and the decisions at its edges (retry once, 499,
   504 or a cut, the lingering close);
 - ``exchange``: one request and its answer, the only writer of its phase;

@@ -41,7 +41,8 @@ from elasticd.front.core.relay import (
     upstream_lost,
 )
 
-__all__ = ["CLOSE", "CONTINUE", "CROWDED", "FAIL", "MAX_PENDING", "MAX_QUEUE", "SERVE", "TO_WORKER", "ClientRelay"]
+__all__ = ["CLOSE", "CONTINUE", "CROWDED", "DISPATCH", "FAIL", "MAX_PENDING", "MAX_QUEUE", "SERVE", "TO_WORKER",
+           "ClientRelay"]
 
 MAX_QUEUE = 16  # pipelined requests read ahead of the one being served
 MAX_PENDING = 256 << 10  # request body bytes buffered before reading from the client pauses
@@ -52,6 +53,7 @@ CROWDED = 2  # the queue or the buffered body is over its bound: once served, as
 TO_WORKER = 4  # the bytes were raw (after an upgrade): write them, as they are, to ``link``
 FAIL = 8  # the request under way broke inside its body: close ``link``, answer ``failure`` in its turn
 CLOSE = 16  # close the client connection at once (a request broke mid-answer: its entry ends as it is lost)
+DISPATCH = 32  # alone: the one request queued waits to be dispatched (``queue[0]``); nothing else to do
 
 # Why reading from the client is paused (both may hold).
 FOR_QUEUE, FOR_UPSTREAM = 1, 2
@@ -90,7 +92,7 @@ class ClientRelay:
     # ------------------------------------------------------------------ input: bytes from the client
 
     def receive(self, data: bytes) -> int:
-        """Bytes the client sent. Returns the effects (0, or SERVE | CROWDED | TO_WORKER | FAIL | CLOSE)."""
+        """Bytes the client sent. Returns the effects (0, DISPATCH, or SERVE | CROWDED | TO_WORKER | FAIL | CLOSE)."""
         if self.draining:
             return 0
         if self.upgrading is not None or self.tunnel is not None:
@@ -116,10 +118,13 @@ class ClientRelay:
             limit = self.max_header_bytes
             if self.head_bytes > limit:
                 return self._parse_error(*http1.oversize_status(len(cur.url), self.reader.size, limit))
-        if not self.queue:
+        queue = self.queue
+        if not queue:
             return 0
-        if len(self.queue) > MAX_QUEUE or self.pending > MAX_PENDING:
+        if len(queue) > MAX_QUEUE or self.pending > MAX_PENDING:
             return SERVE | CROWDED
+        if len(queue) == 1 and queue[0].phase is _QUEUED:
+            return DISPATCH  # the common case, said so that the shell need not ask next_request
         return SERVE
 
     def _after_upgrade_head(self, tail: bytes) -> int:
