@@ -157,3 +157,16 @@ def test_an_illegal_step_inside_the_parser_is_raised_not_taken_for_a_malformed_a
     ex.phase = Phase.DONE  # answered already: an answer head is not legal now
     with pytest.raises(RelayError, match="ANSWER_HEAD is not legal while DONE"):
         relay.receive(OK)
+
+
+def test_a_chunked_answers_trailer_is_dropped_and_never_reaches_the_next_answer():
+    relay, ex = forwarded()
+    answer = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"
+              b"0\r\nX-Elastic-Login: mallory\r\nX-Tr: 1\r\n\r\n")
+    assert relay.receive(answer) == WRITE | ANSWERED | RELEASE
+    assert relay.to_client.endswith(b"\r\n\r\n3\r\nabc\r\n0\r\n\r\n") and ex.login is None
+    relay.finish()
+    _, following = forwarded()
+    relay.start(following, True)
+    assert relay.receive(OK) == WRITE | ANSWERED | RELEASE
+    assert b"X-Tr" not in relay.to_client and following.login is None

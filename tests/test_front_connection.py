@@ -14,6 +14,8 @@ from elasticd.front.core.connection import (
     CROWDED,
     DISPATCH,
     FAIL,
+    FOR_QUEUE,
+    FOR_UPSTREAM,
     MAX_QUEUE,
     SERVE,
     TO_WORKER,
@@ -425,3 +427,37 @@ def test_a_body_over_the_bound_that_serving_sends_on_pauses_nothing():
     sent_to, data = relay.body_bytes()
     assert sent_to is link and len(data) == 300_000 and relay.pending == 0
     assert relay.pause_if_crowded() is False and relay.paused == 0
+
+
+def test_a_chunked_bodys_trailer_is_dropped_and_never_read_into_the_next_request():
+    """A trailer read as the next head's headers would give one request's Cookie, Host or X-Forwarded-For to
+    the next one on the connection (behind a TLS terminator, another user's)."""
+    relay = ClientRelay(32 << 10)
+    relay.receive(b"POST /1 HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+                  b"3\r\nabc\r\n0\r\nCookie: elastic_uid=" + b"a" * 32 + b"\r\nHost: evil.test\r\n"
+                  b"X-Forwarded-For: 6.6.6.6\r\n\r\n"
+                  b"GET /2 HTTP/1.1\r\nHost: a.test\r\nCookie: elastic_uid=" + b"b" * 32 + b"\r\n\r\n")
+    first, second = relay.queue
+    assert first.head.cookie is None and first.head.hosts == 1 and first.head.host == b"a.test"
+    assert second.error is None and second.head.hosts == 1 and second.head.cookie == b"elastic_uid=" + b"b" * 32
+    assert second.head.forwarded_for is None
+
+
+def test_requests_read_behind_an_answer_that_closes_are_not_served():
+    relay = ClientRelay(32 << 10)
+    relay.receive(b"GET /a HTTP/1.1\r\n\r\n" + b"POST /b HTTP/1.1\r\nHost: a.test\r\nContent-Length: 3\r\n\r\nabc")
+    first = relay.next_request()
+    assert first is not None and first.error is not None and len(relay.queue) == 2
+    _, mode = relay.own_answer(first, *first.error, retry_after=None, close=True, stopping=False)
+    assert mode is CloseMode.LINGER and not relay.queue and relay.pending == 0
+    assert relay.next_request() is None
+
+
+def test_a_pause_for_the_worker_connections_buffer_ends_with_that_request():
+    relay = ClientRelay(32 << 10)
+    assert relay.pause(FOR_UPSTREAM) is True
+    assert relay.worker_gone() is True and relay.paused == 0
+    assert relay.worker_gone() is False
+    relay.pause(FOR_QUEUE)
+    relay.pause(FOR_UPSTREAM)
+    assert relay.worker_gone() is False and relay.paused == FOR_QUEUE  # still held for the queue

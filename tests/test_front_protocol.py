@@ -356,3 +356,19 @@ def test_an_illegal_step_fails_closed_and_gives_everything_back(tmp_path: Path, 
     assert [(a.status, a.body) for a in answers(second)] == [(200, b"GET /second 0")]
     assert still_open == {} and in_flight == 0
     assert any("forced by the test" in r.getMessage() for r in caplog.records)
+
+
+def test_a_request_read_behind_a_refusal_that_closes_never_reaches_a_worker(tmp_path: Path,
+                                                                             no_errors_logged: None) -> None:
+    seen: list[str] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append(request.path)
+        return web.Response(text="served")
+
+    async def scenario() -> bytes:
+        async with upstream_app(tmp_path / "w.sock", handler) as ups, front(ups) as f:
+            return await raw(f, b"GET /a HTTP/1.1\r\n\r\n" + GET % b"b")  # no Host, then a valid request
+
+    got = answers(run(scenario()))
+    assert [a.status for a in got] == [400] and seen == []

@@ -196,6 +196,8 @@ class ClientConn(asyncio.Protocol):
         if ex.login is not None:
             front.logged_in(ex, now)
         relay = self.relay
+        if relay.paused and relay.worker_gone() and self.transport is not None:
+            self.transport.resume_reading()  # paused while that worker connection's buffer was full
         if relay.worker_answered(ex, close_after, front.stopping):
             if self.transport is not None:
                 self.transport.close()
@@ -205,9 +207,12 @@ class ClientConn(asyncio.Protocol):
     def upstream_failed(self, ex: Exchange, reused: bool, received: bool, path: str, why: str) -> None:
         if self.transport is None:
             return
-        failure = self.relay.worker_lost(ex, reused=reused, received=received)
+        relay = self.relay
+        failure = relay.worker_lost(ex, reused=reused, received=received)
         if failure is Failure.LATE:
             return
+        if relay.paused and relay.worker_gone():
+            self.transport.resume_reading()  # paused while that worker connection's buffer was full
         if failure is Failure.RETRY:
             # A kept-alive connection the worker closed while idle: safe to send once more.
             self.front.retry(self, ex)

@@ -113,6 +113,7 @@ class UpstreamConn(asyncio.Protocol):
         self.pool.lost(self)
         if client is None or ex is None:
             return
+        client.active_at = client.clock()  # an answer that ends with the close ends now
         try:
             self._carry_out(relay.lost(exc), client, ex, b"")
         except RelayError as error:

@@ -70,6 +70,7 @@ class AnswerRelay:
             self.stale_parser = False
         # The reader is ready: its finish() readied it (a head cut short fails its request, and that connection
         # closes, so none carries another request with a reader half full).
+        self.reader.between = False  # headers again, not the last answer's trailer
         self.reason = None
         self.response = None
         self.close_after = None
@@ -198,6 +199,7 @@ class AnswerRelay:
     def on_message_complete(self) -> None:
         if self.interim:
             self.interim = False  # the reader was readied for the final head by its finish()
+            self.reader.between = False  # the final answer's headers follow
             self.reason = None
             return
         if self.done:

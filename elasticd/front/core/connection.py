@@ -189,6 +189,7 @@ class ClientRelay:
 
     def on_message_begin(self) -> None:
         self.cur = Exchange()  # the reader is ready: its finish() readied it for this head
+        self.reader.between = False  # headers again, not the last body's trailer
         self.head_bytes = 0
 
     def on_url(self, url: bytes) -> None:
@@ -322,6 +323,13 @@ class ClientRelay:
             return self.resume(FOR_QUEUE)
         return False
 
+    def worker_gone(self) -> bool:
+        """The worker connection no longer carries this client's request (answered, or lost): its back-pressure
+        no longer holds. True when reading must start again (it was paused for it, and for nothing else)."""
+        if self.paused & FOR_UPSTREAM:
+            return self.resume(FOR_UPSTREAM)
+        return False
+
     def pause(self, why: int) -> bool:
         """True when reading must stop now (it was not paused for another reason)."""
         was = self.paused
@@ -348,8 +356,17 @@ class ClientRelay:
         if ex.body:
             self.pending -= sum(map(len, ex.body))
             ex.body.clear()
-        if self.queue and self.queue[0] is ex:
-            self.queue.popleft()
+        queue = self.queue
+        if queue and queue[0] is ex:
+            queue.popleft()
+        if mode is not CloseMode.KEEP:
+            # The connection closes after this answer: the requests read behind it (never forwarded, so with
+            # nothing open) are not served — a worker's answer to one could only meet a closed connection.
+            for behind in queue:
+                if behind.body:
+                    self.pending -= sum(map(len, behind.body))
+                    behind.body.clear()
+            queue.clear()
         if mode is CloseMode.LINGER:
             self.draining = True
         return data, mode

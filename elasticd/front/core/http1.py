@@ -104,17 +104,23 @@ class RequestReader:
     """Reads request heads one header at a time: ``header`` is the parser's own ``on_header`` callback (one
     Python call per header), ``finish`` completes the head at ``on_headers_complete``. No I/O."""
 
-    __slots__ = ("head", "size", "tokens")
+    __slots__ = ("between", "head", "size", "tokens")
 
     def __init__(self) -> None:
         self.start()
 
     def start(self) -> None:
+        # Between heads (after finish(), until the next message begins: ``between`` is the caller's to clear), the
+        # fields a chunked body's trailer carries are dropped: a proxy may discard them (RFC 9110 §6.5.1), and
+        # read into the next head they would give one request's Cookie, Host or X-Forwarded-For to another.
+        self.between = False
         self.head = RequestHead()
         self.size = 0  # header bytes read (name, value, ": " and CRLF)
         self.tokens: list[bytes] | None = None  # Connection's tokens
 
     def header(self, name: bytes, value: bytes) -> None:
+        if self.between:
+            return  # a trailer field (see start)
         head = self.head
         self.size += len(name) + len(value) + 4
         kind = _REQUEST_KINDS.get(name.lower())
@@ -167,6 +173,7 @@ class RequestReader:
         self.head = RequestHead()  # start(), inlined: readied for the next head in the same call
         self.size = 0
         self.tokens = None
+        self.between = True
         return head
 
 
@@ -314,8 +321,8 @@ class ResponseReader:
     """Reads response heads one header at a time (``header`` is the parser's ``on_header``); ``finish``
     decides the client's head and the framing. No I/O."""
 
-    __slots__ = ("chunked", "last_line", "last_reason", "last_status", "length", "lines", "login", "tokens",
-                 "upgrade")
+    __slots__ = ("between", "chunked", "last_line", "last_reason", "last_status", "length", "lines", "login",
+                 "tokens", "upgrade")
 
     def __init__(self) -> None:
         # The last status line made: a worker answers the same status most of the time, and comparing two
@@ -326,6 +333,7 @@ class ResponseReader:
         self.start()
 
     def start(self) -> None:
+        self.between = False  # after finish(), until the caller clears it: trailer fields are dropped (as requests')
         self.lines: list[bytes] = [b""]  # [0]: the status line, known at the end of the head
         self.tokens: list[bytes] | None = None
         self.length: bytes | None = None
@@ -334,6 +342,8 @@ class ResponseReader:
         self.upgrade: bytes | None = None
 
     def header(self, name: bytes, value: bytes) -> None:
+        if self.between:
+            return  # a trailer field: dropped (a login or a header would otherwise reach the next answer)
         kind = _RESPONSE_KINDS.get(name.lower())
         if kind is None:
             self.lines.extend((name, b": ", value, b"\r\n"))
@@ -363,6 +373,7 @@ class ResponseReader:
         self.lines = [b""]  # start(), inlined: readied for the next head in the same call
         self.tokens = self.length = self.login = self.upgrade = None
         self.chunked = False
+        self.between = True
         upstream_keep_alive = upstream11
         if tokens is not None:
             upstream_keep_alive = (b"close" not in tokens) if upstream11 else (b"keep-alive" in tokens)
