@@ -36,6 +36,7 @@ from elasticd.api.server import AdminApi, SocketInUse
 from elasticd.background import Background
 from elasticd.cgroup.activation import Activation, CgroupRefused
 from elasticd.config import Config, ConfigError, Quotas, Resources, load_config
+from elasticd.config.notices import isolation_warnings, restart_only_changes
 from elasticd.front import Front, RouteTable, Upstream
 from elasticd.limits.overrides import effective
 from elasticd.limits.runtime import LimitsReply, RuntimeLimits
@@ -256,7 +257,7 @@ class Daemon:
                 log.error("reload refused, the running configuration stays: %s\n%s", self.config_path, exc)
                 result = ReloadResult(ok=False, error=f"{self.config_path}:\n{exc}")
             else:
-                result = ReloadResult(ok=True, problems=_restart_only_changes(self.config, new))
+                result = ReloadResult(ok=True, problems=restart_only_changes(self.config, new))
                 for problem in result.problems:
                     log.warning("%s", problem)
                 result.problems.extend(await self._activate(new, self.config))
@@ -396,34 +397,8 @@ class Daemon:
         log.info("stopped")
 
 
-def isolation_warnings(config: Config) -> list[str]:
-    """What an operator must hear about tenants' isolation: one running as root, two sharing a user."""
-    warnings = [f"tenant {t.name} runs as root: its workers can undo their own limits (give it a user:)"
-                for t in config.tenants.values() if t.run_as is None or t.run_as.uid == 0]
-    by_uid: dict[int, list[str]] = {}
-    for tenant in config.tenants.values():
-        if tenant.run_as is not None and tenant.run_as.uid != 0:
-            by_uid.setdefault(tenant.run_as.uid, []).append(tenant.name)
-    for uid, names in by_uid.items():
-        if len(names) > 1:
-            user = config.tenants[names[0]].run_as.user  # type: ignore[union-attr]
-            warnings.append(f"tenants {', '.join(names)} share the user {user} (uid {uid}): they can signal each "
-                            "other's workers and read each other's files")
-    return warnings
-
-
 def _quotas(config: Config) -> dict[str, Quotas]:
     return {tenant.name: tenant.quotas for tenant in config.tenants.values()}
-
-
-def _restart_only_changes(old: Config, new: Config) -> list[str]:
-    """Server keys a running daemon cannot take over in place: said once, applied at the next start."""
-    notes = []
-    for key in ("listen", "metrics_listen", "admin_socket", "admin_group", "runtime_dir", "cgroups",
-                "sample_interval"):
-        if getattr(old.server, key) != getattr(new.server, key):
-            notes.append(f"server.{key} changed: it takes effect when elasticd restarts")
-    return notes
 
 
 # ---------------------------------------------------------------------- command line

@@ -1,0 +1,35 @@
+"""What an operator is told about a configuration that is valid but deserves a word, with no I/O: tenants whose
+isolation is weak, and server keys a running daemon takes over only at its next start."""
+
+from __future__ import annotations
+
+from elasticd.config.model import Config
+
+__all__ = ["RESTART_ONLY_KEYS", "isolation_warnings", "restart_only_changes"]
+
+# Server keys a running daemon cannot take over in place (its sockets, its cgroup base, its sampler's tick).
+RESTART_ONLY_KEYS = ("listen", "metrics_listen", "admin_socket", "admin_group", "runtime_dir", "cgroups",
+                     "sample_interval")
+
+
+def isolation_warnings(config: Config) -> list[str]:
+    """What an operator must hear about tenants' isolation: one running as root, two sharing a user."""
+    warnings = [f"tenant {t.name} runs as root: its workers can undo their own limits (give it a user:)"
+                for t in config.tenants.values() if t.run_as is None or t.run_as.uid == 0]
+    by_uid: dict[int, list[str]] = {}
+    users: dict[int, str] = {}
+    for tenant in config.tenants.values():
+        if tenant.run_as is not None and tenant.run_as.uid != 0:
+            by_uid.setdefault(tenant.run_as.uid, []).append(tenant.name)
+            users[tenant.run_as.uid] = tenant.run_as.user
+    for uid, names in by_uid.items():
+        if len(names) > 1:
+            warnings.append(f"tenants {', '.join(names)} share the user {users[uid]} (uid {uid}): they can signal "
+                            "each other's workers and read each other's files")
+    return warnings
+
+
+def restart_only_changes(old: Config, new: Config) -> list[str]:
+    """Server keys a reload changed that a running daemon cannot take over: said once, applied at the next start."""
+    return [f"server.{key} changed: it takes effect when elasticd restarts"
+            for key in RESTART_ONLY_KEYS if getattr(old.server, key) != getattr(new.server, key)]
