@@ -8,6 +8,7 @@ import itertools
 
 import pytest
 
+from elasticd.front.core.counters import ForwardCounters
 from elasticd.front.core.exchange import Exchange
 from elasticd.front.core.relay import (
     TRANSITIONS,
@@ -48,19 +49,10 @@ def test_every_pair_moves_by_the_table_or_fails_closed(phase, event):
 
 
 def _forwarded() -> Exchange:
+    """An exchange forwarded: open in real counters, entry id 1 (a fresh ForwardCounters' first)."""
     ex = Exchange()
-    ex.forward(_Opener(7))  # type: ignore[arg-type]
+    ex.forward(ForwardCounters())
     return ex
-
-
-class _Opener:
-    """The one ForwardCounters method forward() calls."""
-
-    def __init__(self, rid: int) -> None:
-        self.rid = rid
-
-    def opened(self, request: object) -> int:
-        return self.rid
 
 
 class _Link:
@@ -77,7 +69,7 @@ class _Link:
 
 def test_a_request_answered_by_its_worker():
     ex = _forwarded()
-    assert (ex.phase, ex.rid, ex.started, ex.in_flight) == (F, 7, False, True)
+    assert (ex.phase, ex.rid, ex.started, ex.in_flight) == (F, 1, False, True)
     ex.attach(_Link())
     assert ex.live
     ex.answer_head(200, b"alice")
@@ -178,21 +170,20 @@ def test_the_lingering_close(changes, expected):
 
 def test_forward_with_a_pooled_connection_attaches_it_in_the_same_step():
     ex, link = Exchange(), _Link()
-    ex.forward(_Opener(3), link)  # type: ignore[arg-type]
-    assert (ex.phase, ex.rid, ex.conn) == (F, 3, link)
+    ex.forward(ForwardCounters(), link)
+    assert (ex.phase, ex.rid, ex.conn) == (F, 1, link)
 
 
 def test_forward_is_checked_before_anything_is_opened():
     ex = _forwarded()
-    opener = _Opener(9)
+    forwards = ForwardCounters()
     with pytest.raises(RelayError):
-        ex.forward(opener)  # type: ignore[arg-type]
-    assert ex.rid == 7
+        ex.forward(forwards)
+    assert ex.rid == 1 and forwards.open == {}  # nothing opened by the refused step
 
 
 def test_end_closes_the_counters_entry_and_the_quota_slot_once():
     from elasticd.config.model import Quotas
-    from elasticd.front.core.counters import ForwardCounters
     from elasticd.front.core.quota import QuotaBook
 
     forwards = ForwardCounters()
@@ -211,7 +202,6 @@ def test_end_closes_the_counters_entry_and_the_quota_slot_once():
 
 
 def test_end_refuses_an_exchange_that_has_no_open_entry():
-    from elasticd.front.core.counters import ForwardCounters
 
     forwards = ForwardCounters()
     queued = Exchange()
@@ -222,7 +212,6 @@ def test_end_refuses_an_exchange_that_has_no_open_entry():
 
 def test_abandon_fails_closed_whatever_the_phase_and_gives_everything_back():
     from elasticd.config.model import Quotas
-    from elasticd.front.core.counters import ForwardCounters
     from elasticd.front.core.quota import QuotaBook
 
     forwards = ForwardCounters()
