@@ -95,7 +95,7 @@ def test_a_head_answer_is_complete_at_its_head_and_the_parser_is_replaced_before
     parser = relay.parser
     assert relay.receive(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n") == WRITE | ANSWERED | RELEASE
     assert relay.to_client.endswith(b"Content-Length: 5\r\n\r\n")
-    relay.finish()
+    relay.detach()
     _, ex2 = forwarded()
     relay.start(ex2, True)
     assert relay.parser is not parser
@@ -165,7 +165,7 @@ def test_a_chunked_answers_trailer_is_dropped_and_never_reaches_the_next_answer(
               b"0\r\nX-Elastic-Login: mallory\r\nX-Tr: 1\r\n\r\n")
     assert relay.receive(answer) == WRITE | ANSWERED | RELEASE
     assert relay.to_client.endswith(b"\r\n\r\n3\r\nabc\r\n0\r\n\r\n") and ex.login is None
-    relay.finish()
+    relay.detach()
     _, following = forwarded()
     relay.start(following, True)
     assert relay.receive(OK) == WRITE | ANSWERED | RELEASE

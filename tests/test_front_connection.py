@@ -158,7 +158,7 @@ def test_expect_100_continue_is_answered_as_the_request_is_forwarded_and_its_bod
     relay = ClientRelay(32 << 10)
     assert relay.receive(EXPECT) == DISPATCH
     ex, link = forward(relay)
-    assert relay.interim(ex) == CONTINUE
+    assert relay.continue_bytes(ex) == CONTINUE
     head = relay.request_bytes(ex, None)
     assert b"Expect" not in head and not ex.sent  # the worker gets no Expect: the front answered it
     assert relay.receive(b"hello") == SERVE
@@ -174,7 +174,7 @@ def test_no_100_continue(data, why):
     relay = ClientRelay(32 << 10)
     relay.receive(data)
     ex, _ = forward(relay)
-    assert relay.interim(ex) == b"", why
+    assert relay.continue_bytes(ex) == b"", why
 
 
 def test_a_refused_expect_request_lingers_instead_of_reading_a_body_nobody_wants():

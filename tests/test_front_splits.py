@@ -83,7 +83,7 @@ def _read_answers(cut_each: list[list[bytes]]) -> list[tuple[bytes, bytes | None
         assert effects & ANSWERED
         ex.end(Event.ANSWER_END, ex.status, 1.0, _forwards_of(ex))
         seen.append((_decoded(b"".join(out)), ex.login, relay.close_after))
-        relay.finish()
+        relay.detach()
     return seen
 
 

@@ -254,7 +254,7 @@ class Front:
             conn = pool.take()
         ex.forward(self.forwards, conn)  # FORWARD, and ATTACH of a pooled connection, in one step
         if ex.head.expect:  # the relay says whether the client waits for a 100 Continue
-            interim = client.relay.interim(ex)
+            interim = client.relay.continue_bytes(ex)
             if interim:
                 client.write(interim)
         if conn is not None:

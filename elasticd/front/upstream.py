@@ -74,7 +74,7 @@ class UpstreamConn(asyncio.Protocol):
 
     def release(self) -> None:
         """The answer is complete and the request was sent whole: back to the pool (or closed)."""
-        self.relay.finish()
+        self.relay.detach()
         self.client = None
         if self.paused and self.transport is not None:
             self.paused = False
@@ -82,7 +82,7 @@ class UpstreamConn(asyncio.Protocol):
         self.pool.put(self)
 
     def close(self) -> None:
-        self.relay.finish()
+        self.relay.detach()
         self.client = None
         if not self.closed:
             self.closed = True
@@ -109,7 +109,7 @@ class UpstreamConn(asyncio.Protocol):
         client, relay = self.client, self.relay
         ex = relay.ex
         self.client = None
-        relay.finish()
+        relay.detach()
         self.pool.lost(self)
         if client is None or ex is None:
             return

@@ -79,8 +79,8 @@ class AnswerRelay:
         self.ex = ex
         self.reused = reused
 
-    def finish(self) -> None:
-        """The exchange is over for this connection (answered, failed, or the connection closes)."""
+    def detach(self) -> None:
+        """The exchange leaves this connection (answered, failed, or the connection closes)."""
         self.ex = None
 
     def _gathered(self, effects: int) -> int:

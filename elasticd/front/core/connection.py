@@ -9,12 +9,12 @@ what the client still sends is dropped). Each request in it is an ``Exchange``, 
 table moves (``relay.TRANSITIONS``). The parser (httptools, a C library: no I/O) calls this object back.
 
 Inputs (socket events, as the shell sees them): ``receive`` (bytes from the client), ``client_eof``,
-``client_lost``, and from the worker's side ``worker_answered``, ``worker_lost``, ``upgraded``; ``timeout``
-for a connection idle past its limit (the shell's one periodic tick asks ``idle_limit``). Outputs: the
-methods return an effect (``receive``: a bitmask of ``SERVE``/``CROWDED``/``TO_WORKER``/``FAIL``/``CLOSE``;
-the others a ``CloseMode``, a ``Failure``, a ``Timeout``) and the bytes to write (``request_bytes``,
-``body_bytes``, ``own_answer``, ``raw``). Anything the table does not allow raises ``RelayError``; the shell
-then fails closed (``abandon``).
+``client_lost``, and from the worker's side ``worker_answered``, ``worker_lost``, ``worker_gone``, ``upgraded``;
+``timeout`` for a connection idle past its limit (the shell's one periodic tick asks ``idle_limit``). Outputs:
+the methods return an effect (``receive``: ``DISPATCH``, or a bitmask of ``SERVE``/``CROWDED``/``TO_WORKER``/
+``FAIL``/``CLOSE``; the others a ``CloseMode``, a ``Failure``, a ``Timeout``, or whether reading resumes) and
+the bytes to write (``request_bytes``, ``body_bytes``, ``own_answer``, ``continue_bytes``). Anything the table
+does not allow raises ``RelayError``; the shell then fails closed (``abandon``).
 
 The effects are ints and the bytes are returned, not wrapped: this runs for every request, and an object per
 effect would cost more than the step it describes.
@@ -266,7 +266,7 @@ class ClientRelay:
             queue.popleft()
         return None
 
-    def interim(self, ex: Exchange) -> bytes:
+    def continue_bytes(self, ex: Exchange) -> bytes:
         """What the client gets as ``ex`` is forwarded: 100 Continue when it waits for one before its body."""
         if ex.head.expect and not ex.body_done and ex.http11:
             return CONTINUE
