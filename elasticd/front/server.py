@@ -254,17 +254,12 @@ class Front:
             conn = pool.take()
         ex.forward(self.forwards, conn)  # FORWARD, and ATTACH of a pooled connection, in one step
         if ex.head.expect:  # the relay says whether the client waits for a 100 Continue
-            interim = client.relay.continue_bytes(ex)
-            if interim:
-                client.write(interim)
+            continue_line = client.relay.continue_bytes(ex)
+            if continue_line:
+                client.write(continue_line)
         if conn is not None:
             conn.attach(ex, client, True)  # reused
-            relay = client.relay
-            transport = conn.transport  # a pooled connection that is not closed: conn.write(), inlined
-            assert transport is not None
-            transport.write(relay.request_bytes(ex, client.peer))  # client.send_head(), inlined
-            if relay.paused and relay.relieved() and client.transport is not None:
-                client.transport.resume_reading()
+            client.send_head(ex)
         else:
             self.connect(client, ex, pool)
 
