@@ -253,9 +253,19 @@ def read_request(headers: list[tuple[bytes, bytes]], http11: bool, upgrade: bool
     return reader.finish(http11, upgrade)
 
 
+_COMMON_TAIL = (b"X-Forwarded-For: %b\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Host: %b\r\n"
+                b"X-Elastic-User-Id: %b\r\n\r\n")
+
+
 def upstream_head(method: bytes, url: bytes, head: RequestHead, peer: bytes | None, user: bytes) -> list[bytes]:
     """The pieces of the request head the worker receives (joined by the caller with whatever body follows)."""
     parts = [method, b" ", url, b" HTTP/1.1\r\n", *head.lines]
+    if (peer is not None and head.forwarded_for is None and head.proto is None and head.forwarded_host is None
+            and head.host is not None and head.chunked is None and head.upgrade is None):
+        # The common request (from a client, not through another proxy; no body framing, no upgrade): the
+        # lines below as one formatted piece, what they would make one by one.
+        parts.append(_COMMON_TAIL % (peer, head.host, user))
+        return parts
     # X-Forwarded-For is appended to (a proxy in front of us keeps its chain); Proto and Host are only set
     # when absent, so a TLS terminator in front can state the scheme and host the user saw.
     if peer is not None:
