@@ -114,19 +114,15 @@ class AnswerRelay:
                 return self._gathered(ANSWERED | CLOSE)
             self.why = f"sent a malformed answer ({exc})"
             return self._gathered(FAILED | CLOSE)
+        effects = 0
+        if self.done:
+            # Complete: back to the pool when the worker keeps it alive and the request went whole; else it closes.
+            response = self.response
+            ex = self.ex
+            reusable = response is not None and response.reusable and ex is not None and ex.sent
+            effects = ANSWERED | RELEASE if reusable else ANSWERED | CLOSE
         out = self.out
-        if not self.done:
-            if not out:
-                return 0
-            self.to_client = b"".join(out)  # _gathered(), inlined: once per read
-            self.out = []
-            return WRITE
-        # Complete: back to the pool when the worker keeps it alive and the request went whole; else it closes.
-        response = self.response
-        ex = self.ex
-        reusable = response is not None and response.reusable and ex is not None and ex.sent
-        effects = ANSWERED | RELEASE if reusable else ANSWERED | CLOSE
-        if out:
+        if out:  # _gathered(), inlined: once per read
             self.to_client = b"".join(out)
             self.out = []
             effects |= WRITE

@@ -353,9 +353,7 @@ class ClientRelay:
                                 parse_error=ex.error is not None)
         data = http1.plain(status, text, close=mode is not CloseMode.KEEP, retry_after=retry_after,
                            head_request=ex.method == b"HEAD")
-        if ex.body:
-            self.pending -= sum(map(len, ex.body))
-            ex.body.clear()
+        self._drop_body(ex)
         queue = self.queue
         if queue and queue[0] is ex:
             queue.popleft()
@@ -363,13 +361,17 @@ class ClientRelay:
             # The connection closes after this answer: the requests read behind it (never forwarded, so with
             # nothing open) are not served — a worker's answer to one could only meet a closed connection.
             for behind in queue:
-                if behind.body:
-                    self.pending -= sum(map(len, behind.body))
-                    behind.body.clear()
+                self._drop_body(behind)
             queue.clear()
         if mode is CloseMode.LINGER:
             self.draining = True
         return data, mode
+
+    def _drop_body(self, ex: Exchange) -> None:
+        """What was buffered of ``ex``'s body will never be sent: it leaves the buffer's count."""
+        if ex.body:
+            self.pending -= sum(map(len, ex.body))
+            ex.body.clear()
 
     def worker_answered(self, ex: Exchange, close_after: bool | None, stopping: bool) -> bool:
         """The worker's answer to ``ex`` is complete and relayed, and ``ex`` settled: True when the client
