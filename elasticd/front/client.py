@@ -23,7 +23,21 @@ from elasticd.front.core.connection import (
     ClientRelay,
 )
 from elasticd.front.core.exchange import Exchange
-from elasticd.front.core.relay import CloseMode, Event, Failure, Phase, RelayError, Timeout
+from elasticd.front.core.relay import (
+    CLOSEMODE_KEEP,
+    CLOSEMODE_LINGER,
+    EVENT_ANSWER_END,
+    EVENT_CLIENT_LEFT,
+    EVENT_CUT,
+    EVENT_UPGRADE,
+    FAILURE_CUT,
+    FAILURE_LATE,
+    FAILURE_RETRY,
+    PHASE_DONE,
+    TIMEOUT_CLOSE,
+    TIMEOUT_CUT,
+    RelayError,
+)
 
 if TYPE_CHECKING:
     from elasticd.front.links import FrontSide, WorkerSide
@@ -34,9 +48,6 @@ log = logging.getLogger("elasticd.front")
 
 _LINGER = 2.0  # seconds a closing connection still reads (and drops) what the client sends
 
-_DONE = Phase.DONE
-_ANSWER_END, _CUT, _UPGRADE, _CLIENT_LEFT = Event.ANSWER_END, Event.CUT, Event.UPGRADE, Event.CLIENT_LEFT
-_KEEP, _LINGERING = CloseMode.KEEP, CloseMode.LINGER
 
 
 class ClientConn(asyncio.Protocol):
@@ -66,7 +77,7 @@ class ClientConn(asyncio.Protocol):
         for link in links:
             link.close()
         if ex is not None:
-            self.front.settle(ex, status, _CLIENT_LEFT)
+            self.front.settle(ex, status, EVENT_CLIENT_LEFT)
 
     def eof_received(self) -> bool:
         self.relay.client_eof()
@@ -95,7 +106,7 @@ class ClientConn(asyncio.Protocol):
             if effects == DISPATCH:  # the common case: one new request, nothing else queued
                 ex = relay.queue[0]
                 self.front.dispatch(self, ex)
-                if ex.phase is _DONE:  # answered by the front itself: whatever came after it is next
+                if ex.phase is PHASE_DONE:  # answered by the front itself: whatever came after it is next
                     self._pump()
             elif effects == SERVE:  # a request (or more of its body) to move along
                 self._pump()
@@ -145,7 +156,7 @@ class ClientConn(asyncio.Protocol):
             if ex is None:
                 break
             front.dispatch(self, ex)
-            if ex.phase is not _DONE:
+            if ex.phase is not PHASE_DONE:
                 return
         if relay.queue and self.transport is not None:
             link, data = relay.body_bytes()
@@ -176,14 +187,14 @@ class ClientConn(asyncio.Protocol):
         transport.write(data)
         if relay.paused and relay.relieved():
             transport.resume_reading()
-        if mode is _LINGERING:
+        if mode is CLOSEMODE_LINGER:
             # End our side, drop what still comes for a moment, then close. Closing at once would reset the
             # connection, and a reset can destroy the answer in the client's receive buffer before it is read
             # (nginx's lingering close). The relay drops what still comes.
             if transport.can_write_eof():
                 transport.write_eof()
             asyncio.get_running_loop().call_later(_LINGER, transport.close)
-        elif mode is not _KEEP:
+        elif mode is not CLOSEMODE_KEEP:
             transport.close()
 
     # ------------------------------------------------------------------ driven by the worker side
@@ -192,7 +203,7 @@ class ClientConn(asyncio.Protocol):
         """The worker's answer is complete and was relayed (its connection went back to its pool or closed)."""
         front = self.front
         now = self.active_at  # stamped by the worker side as the answer's last bytes came
-        ex.end(_ANSWER_END, ex.status, now, front.forwards)  # front.settle(), its common case inlined
+        ex.end(EVENT_ANSWER_END, ex.status, now, front.forwards)  # front.settle(), its common case inlined
         if ex.login is not None:
             front.logged_in(ex, now)
         relay = self.relay
@@ -209,20 +220,20 @@ class ClientConn(asyncio.Protocol):
             return
         relay = self.relay
         failure = relay.worker_lost(ex, reused=reused, received=received)
-        if failure is Failure.LATE:
+        if failure is FAILURE_LATE:
             return
         if relay.paused and relay.worker_gone():
             self.transport.resume_reading()  # paused while that worker connection's buffer was full
-        if failure is Failure.RETRY:
+        if failure is FAILURE_RETRY:
             # A kept-alive connection the worker closed while idle: safe to send once more.
             self.front.retry(self, ex)
             return
-        if failure is Failure.CUT:
+        if failure is FAILURE_CUT:
             # The answer had started: the client can only be told by a cut connection (a truncated answer,
             # never a complete-looking wrong one).
             log.warning("%s %s: worker %s %s mid-answer; cutting the client connection",
                         ex.method.decode(), ex.url.decode(errors="replace"), ex.worker, why)
-            self.front.settle(ex, ex.status, _CUT)
+            self.front.settle(ex, ex.status, EVENT_CUT)
             self.transport.close()
             return
         log.warning("%s %s: worker %s %s", ex.method.decode(), ex.url.decode(errors="replace"), ex.worker, why)
@@ -233,7 +244,7 @@ class ClientConn(asyncio.Protocol):
         """101 Switching Protocols went to the client: both connections now carry the new protocol."""
         if tail:
             self.write(tail)
-        self.front.settle(ex, 101, _UPGRADE)
+        self.front.settle(ex, 101, EVENT_UPGRADE)
         relay = self.relay
         data = relay.upgraded(ex, conn)
         if data:
@@ -264,13 +275,13 @@ class ClientConn(asyncio.Protocol):
         decision, ex, link = self.relay.timeout()
         if link is not None:
             link.close()
-        if ex is None or decision is Timeout.CLOSE:
+        if ex is None or decision is TIMEOUT_CLOSE:
             transport.close()  # an idle keep-alive connection, or a head that never completed
             return
-        if decision is Timeout.CUT:
+        if decision is TIMEOUT_CUT:
             log.warning("%s %s: worker %s stalled mid-answer; cutting the client connection",
                         ex.method.decode(), ex.url.decode(errors="replace"), ex.worker)
-            self.front.settle(ex, ex.status, _CUT)
+            self.front.settle(ex, ex.status, EVENT_CUT)
             transport.close()
             return
         log.warning("%s %s: worker %s did not answer within %gs", ex.method.decode(),

@@ -30,9 +30,16 @@ from elasticd.front.core import http1
 from elasticd.front.core.counters import ForwardCounters
 from elasticd.front.core.exchange import NO_HEAD, Exchange, Link
 from elasticd.front.core.relay import (
+    CLOSEMODE_KEEP,
+    CLOSEMODE_LINGER,
+    FAILURE_LATE,
+    FAILURE_RETRY,
+    PHASE_DONE,
+    PHASE_FORWARDING,
+    PHASE_QUEUED,
+    TIMEOUT_CLOSE,
     CloseMode,
     Failure,
-    Phase,
     RelayError,
     Timeout,
     after_own_answer,
@@ -60,7 +67,6 @@ FOR_QUEUE, FOR_UPSTREAM = 1, 2
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
-_QUEUED, _FORWARDING, _ANSWERING, _DONE = Phase.QUEUED, Phase.FORWARDING, Phase.ANSWERING, Phase.DONE
 # httptools >= 0.2 (llhttp) refuses versions other than 1.0 and 1.1 itself; 0.1.x (http-parser, Debian bookworm's)
 # reads "HTTP/1.2" as a keep-alive 1.x, so there every request's version is asked and checked.
 _PARSER_CHECKS_VERSION = tuple(int(part) for part in httptools.__version__.split(".")[:2]) >= (0, 2)
@@ -123,7 +129,7 @@ class ClientRelay:
             return 0
         if len(queue) > MAX_QUEUE or self.pending > MAX_PENDING:
             return SERVE | CROWDED
-        if len(queue) == 1 and queue[0].phase is _QUEUED:
+        if len(queue) == 1 and queue[0].phase is PHASE_QUEUED:
             return DISPATCH  # the common case, said so that the shell need not ask next_request
         return SERVE
 
@@ -137,7 +143,7 @@ class ClientRelay:
                 ex.body.append(tail)
                 self.pending += len(tail)
             return 0
-        if ex is not None and ex.phase is _QUEUED:
+        if ex is not None and ex.phase is PHASE_QUEUED:
             self.draining = True
             if ex.error is None:
                 ex.error = ((501, "CONNECT is not supported") if ex.method == b"CONNECT"
@@ -155,7 +161,7 @@ class ClientRelay:
         if ex.conn is not None and ex.conn.transport is not None:
             self.link = ex.conn
             return TO_WORKER
-        if ex.phase is not _DONE:
+        if ex.phase is not PHASE_DONE:
             ex.body.append(data)
             self.pending += len(data)
         return 0
@@ -220,7 +226,7 @@ class ClientRelay:
 
     def on_body(self, body: bytes) -> None:
         cur = self.cur
-        if cur is not None and cur.phase is not _DONE:
+        if cur is not None and cur.phase is not PHASE_DONE:
             cur.body.append(body)
             self.pending += len(body)
 
@@ -240,7 +246,7 @@ class ClientRelay:
         ex.head.keep_alive = False
         if ex.in_flight and ex in self.queue:  # broken inside the body of the request under way
             ex.body_done = True
-            if ex.phase is _FORWARDING:
+            if ex.phase is PHASE_FORWARDING:
                 self.link, ex.conn = ex.conn, None
                 self.failure = (ex, status, text)
                 return FAIL
@@ -259,9 +265,9 @@ class ClientRelay:
         while queue:
             ex = queue[0]
             phase = ex.phase
-            if phase is _QUEUED:
+            if phase is PHASE_QUEUED:
                 return ex
-            if phase is not _DONE:
+            if phase is not PHASE_DONE:
                 return None
             queue.popleft()
         return None
@@ -285,7 +291,7 @@ class ClientRelay:
     def body_bytes(self) -> tuple[Link | None, bytes]:
         """More of the body of the request under way, for its worker connection (b"" when none is due)."""
         ex = self.queue[0] if self.queue else None
-        if ex is None or ex.phase is _QUEUED or ex.phase is _DONE:  # not under way
+        if ex is None or ex.phase is PHASE_QUEUED or ex.phase is PHASE_DONE:  # not under way
             return None, b""
         conn = ex.conn
         if conn is None or conn.transport is None or not (ex.body or (ex.body_done and not ex.sent)):
@@ -351,19 +357,19 @@ class ClientRelay:
         mode = after_own_answer(close=close, keep_alive=ex.head.keep_alive, client_eof=self.eof, stopping=stopping,
                                 upgrading=self.upgrading is ex, body_done=ex.body_done, expect=ex.head.expect,
                                 parse_error=ex.error is not None)
-        data = http1.plain(status, text, close=mode is not CloseMode.KEEP, retry_after=retry_after,
+        data = http1.plain(status, text, close=mode is not CLOSEMODE_KEEP, retry_after=retry_after,
                            head_request=ex.method == b"HEAD")
         self._drop_body(ex)
         queue = self.queue
         if queue and queue[0] is ex:
             queue.popleft()
-        if mode is not CloseMode.KEEP:
+        if mode is not CLOSEMODE_KEEP:
             # The connection closes after this answer: the requests read behind it (never forwarded, so with
             # nothing open) are not served — a worker's answer to one could only meet a closed connection.
             for behind in queue:
                 self._drop_body(behind)
             queue.clear()
-        if mode is CloseMode.LINGER:
+        if mode is CLOSEMODE_LINGER:
             self.draining = True
         return data, mode
 
@@ -391,9 +397,9 @@ class ClientRelay:
         BAD_GATEWAY, CUT (the shell settles and cuts) or LATE (nothing to do)."""
         failure = upstream_lost(ex.phase, reused=reused, received=received, retried=ex.retried,
                                 has_body=ex.head.has_body, method=ex.method, upgrading=self.upgrading is ex)
-        if failure is Failure.RETRY:
+        if failure is FAILURE_RETRY:
             ex.retry()
-        elif failure is not Failure.LATE:
+        elif failure is not FAILURE_LATE:
             ex.conn = None
         return failure
 
@@ -428,8 +434,8 @@ class ClientRelay:
         shell answers 504 and closes) or CUT (the shell settles and cuts); with the worker connection to close."""
         ex = self.queue[0] if self.queue else None
         decision = timed_out(ex.phase if ex is not None else None)
-        if ex is None or decision is Timeout.CLOSE:
-            return Timeout.CLOSE, None, None
+        if ex is None or decision is TIMEOUT_CLOSE:
+            return TIMEOUT_CLOSE, None, None
         link, ex.conn = ex.conn, None
         return decision, ex, link
 

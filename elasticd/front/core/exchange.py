@@ -12,7 +12,25 @@ from typing import Protocol
 from elasticd.front.core import http1
 from elasticd.front.core.counters import ForwardCounters, RouteStats, WorkerCounters
 from elasticd.front.core.quota import TenantQuota
-from elasticd.front.core.relay import EVENTS, NEXT, PHASES, Event, Phase, RelayError, illegal, step
+from elasticd.front.core.relay import (
+    EVENT_ANSWER_HEAD,
+    EVENT_ATTACH,
+    EVENT_FAIL,
+    EVENT_FORWARD,
+    EVENT_RETRY,
+    EVENTS,
+    NEXT,
+    PHASE_ANSWERING,
+    PHASE_DONE,
+    PHASE_FORWARDING,
+    PHASE_QUEUED,
+    PHASES,
+    Event,
+    Phase,
+    RelayError,
+    illegal,
+    step,
+)
 from elasticd.front.core.routing import AppRoute
 from elasticd.front.core.sticky import SurfaceUser
 
@@ -34,10 +52,6 @@ class Link(Protocol):
     def resume(self) -> None: ...
 
 
-_QUEUED, _FORWARDING, _ANSWERING, _DONE = Phase.QUEUED, Phase.FORWARDING, Phase.ANSWERING, Phase.DONE
-# The steps every request takes, inlined below (step() itself serves the rest): next = NEXT[phase * EVENTS + e].
-_FORWARD, _ATTACH, _RETRY, _ANSWER_HEAD = Event.FORWARD, Event.ATTACH, Event.RETRY, Event.ANSWER_HEAD
-_FAIL = Event.FAIL
 
 
 class Exchange:
@@ -48,7 +62,7 @@ class Exchange:
                  "url", "user", "worker")
 
     def __init__(self) -> None:
-        self.phase: Phase = _QUEUED
+        self.phase: Phase = PHASE_QUEUED
         self.method = b""
         self.url = b""
         self.head: http1.RequestHead = NO_HEAD
@@ -96,9 +110,9 @@ class Exchange:
         entry closed as a 502 if it was open, and its quota slot given back. Idempotent."""
         self.conn = None
         if self.rid:
-            self.phase = _FORWARDING  # whatever it was: from here the table's FAIL ends it, through end()
-            self.end(_FAIL, 502, now, forwards)
-        self.phase = _DONE
+            self.phase = PHASE_FORWARDING  # whatever it was: from here the table's FAIL ends it, through end()
+            self.end(EVENT_FAIL, 502, now, forwards)
+        self.phase = PHASE_DONE
 
     def advance(self, event: Event) -> None:
         """A step that opens or closes nothing (REFUSE: answered by the front before forwarding)."""
@@ -110,54 +124,54 @@ class Exchange:
     def forward(self, forwards: ForwardCounters, conn: Link | None = None) -> None:
         """FORWARD: checked first, then opened in the counters; with ``conn`` (a pooled connection taken at
         once) also its ATTACH, in the same call (the row exists: a forwarding exchange takes a connection)."""
-        to = NEXT[self.phase * EVENTS + _FORWARD]
+        to = NEXT[self.phase * EVENTS + EVENT_FORWARD]
         if to < 0:
-            raise illegal(self.phase, _FORWARD)
+            raise illegal(self.phase, EVENT_FORWARD)
         self.phase = PHASES[to]
         self.rid = forwards.opened(self)
         if conn is not None:
             self.conn = conn  # FORWARDING --ATTACH--> FORWARDING
 
     def attach(self, conn: Link) -> None:
-        to = NEXT[self.phase * EVENTS + _ATTACH]
+        to = NEXT[self.phase * EVENTS + EVENT_ATTACH]
         if to < 0:
-            raise illegal(self.phase, _ATTACH)
+            raise illegal(self.phase, EVENT_ATTACH)
         self.phase = PHASES[to]
         self.conn = conn
 
     def retry(self) -> None:
         if self.retried:
             raise RelayError("a request is sent again at most once")
-        self.phase = step(self.phase, _RETRY)
+        self.phase = step(self.phase, EVENT_RETRY)
         self.retried = True
         self.conn = None
 
     def answer_head(self, status: int, login: bytes | None) -> None:
-        to = NEXT[self.phase * EVENTS + _ANSWER_HEAD]
+        to = NEXT[self.phase * EVENTS + EVENT_ANSWER_HEAD]
         if to < 0:
-            raise illegal(self.phase, _ANSWER_HEAD)
+            raise illegal(self.phase, EVENT_ANSWER_HEAD)
         self.phase = PHASES[to]
         self.status = status
         self.login = login
 
     @property
     def finished(self) -> bool:
-        return self.phase is _DONE
+        return self.phase is PHASE_DONE
 
     @property
     def started(self) -> bool:
         """The worker's answer head went to the client (the counters' liveness rule reads it)."""
-        return self.phase is _ANSWERING
+        return self.phase is PHASE_ANSWERING
 
     @property
     def in_flight(self) -> bool:
         phase = self.phase
-        return phase is _FORWARDING or phase is _ANSWERING
+        return phase is PHASE_FORWARDING or phase is PHASE_ANSWERING
 
     @property
     def live(self) -> bool:
         """Still relaying to or from a worker: an open-requests entry the sweep must not take, however old."""
-        return self.conn is not None and self.phase is not _DONE
+        return self.conn is not None and self.phase is not PHASE_DONE
 
 
 NO_HEAD = http1.RequestHead()

@@ -23,10 +23,20 @@ by the pure functions below, from the facts the shell reports; the shell then ca
 from __future__ import annotations
 
 import enum
+from typing import Final
 
-__all__ = ["EVENTS", "IDEMPOTENT", "NEXT", "PHASES", "TRANSITIONS", "CloseMode", "Event", "Failure", "Phase",
-           "RelayError", "Timeout", "after_own_answer", "client_left", "illegal", "step",
-           "timed_out", "upstream_lost"]
+# Every member is also a module constant, ``PHASE_DONE`` for ``Phase.DONE``, and the code reads those. The front
+# is compiled with mypyc (setup.py), where a constant is a C static while a member is read through the enum
+# class; and Debian bookworm's mypyc (1.0.1) cannot compile a read of an IntEnum member at all (its C names a
+# static it never defines), hence also the lookups by name below.
+
+__all__ = ["CLOSEMODE_CLOSE", "CLOSEMODE_KEEP", "CLOSEMODE_LINGER", "EVENTS", "EVENT_ANSWER_END", "EVENT_ANSWER_HEAD",
+           "EVENT_ATTACH", "EVENT_CLIENT_LEFT", "EVENT_CUT", "EVENT_FAIL", "EVENT_FORWARD", "EVENT_REFUSE",
+           "EVENT_RETRY", "EVENT_UPGRADE", "FAILURE_BAD_GATEWAY", "FAILURE_CUT", "FAILURE_LATE", "FAILURE_RETRY",
+           "IDEMPOTENT", "NEXT", "PHASES", "PHASE_ANSWERING", "PHASE_DONE", "PHASE_FORWARDING", "PHASE_QUEUED",
+           "TIMEOUT_CLOSE", "TIMEOUT_CUT", "TIMEOUT_GATEWAY_TIMEOUT", "TRANSITIONS", "CloseMode", "Event", "Failure",
+           "Phase", "RelayError", "Timeout", "after_own_answer", "client_left", "illegal", "step", "timed_out",
+           "upstream_lost"]
 
 
 class Phase(enum.IntEnum):
@@ -34,6 +44,12 @@ class Phase(enum.IntEnum):
     FORWARDING = 1  # open in the counters, bound for one worker; its answer has not begun
     ANSWERING = 2  # the worker's answer head went to the client; its body is streaming
     DONE = 3  # answered (by the worker or by the front), its counters entry closed
+
+
+PHASE_QUEUED: Final[Phase] = Phase["QUEUED"]
+PHASE_FORWARDING: Final[Phase] = Phase["FORWARDING"]
+PHASE_ANSWERING: Final[Phase] = Phase["ANSWERING"]
+PHASE_DONE: Final[Phase] = Phase["DONE"]
 
 
 class Event(enum.IntEnum):
@@ -49,23 +65,35 @@ class Event(enum.IntEnum):
     CLIENT_LEFT = 9
 
 
+EVENT_REFUSE: Final[Event] = Event["REFUSE"]
+EVENT_FORWARD: Final[Event] = Event["FORWARD"]
+EVENT_ATTACH: Final[Event] = Event["ATTACH"]
+EVENT_RETRY: Final[Event] = Event["RETRY"]
+EVENT_ANSWER_HEAD: Final[Event] = Event["ANSWER_HEAD"]
+EVENT_ANSWER_END: Final[Event] = Event["ANSWER_END"]
+EVENT_UPGRADE: Final[Event] = Event["UPGRADE"]
+EVENT_FAIL: Final[Event] = Event["FAIL"]
+EVENT_CUT: Final[Event] = Event["CUT"]
+EVENT_CLIENT_LEFT: Final[Event] = Event["CLIENT_LEFT"]
+
+
 class RelayError(Exception):
     """An event that is not legal in the exchange's phase: a bug of the front, handled by failing closed."""
 
 
-_Q, _F, _A, _D = Phase.QUEUED, Phase.FORWARDING, Phase.ANSWERING, Phase.DONE
 TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
-    (_Q, Event.REFUSE): _D,
-    (_Q, Event.FORWARD): _F,
-    (_F, Event.ATTACH): _F,
-    (_F, Event.RETRY): _F,
-    (_F, Event.ANSWER_HEAD): _A,  # a 101 too: its head goes to the client, then UPGRADE ends the exchange
-    (_F, Event.FAIL): _D,
-    (_F, Event.CLIENT_LEFT): _D,
-    (_A, Event.ANSWER_END): _D,
-    (_A, Event.UPGRADE): _D,
-    (_A, Event.CUT): _D,
-    (_A, Event.CLIENT_LEFT): _D,
+    (PHASE_QUEUED, EVENT_REFUSE): PHASE_DONE,
+    (PHASE_QUEUED, EVENT_FORWARD): PHASE_FORWARDING,
+    (PHASE_FORWARDING, EVENT_ATTACH): PHASE_FORWARDING,
+    (PHASE_FORWARDING, EVENT_RETRY): PHASE_FORWARDING,
+    # (a 101 too: its head goes to the client, then UPGRADE ends the exchange)
+    (PHASE_FORWARDING, EVENT_ANSWER_HEAD): PHASE_ANSWERING,
+    (PHASE_FORWARDING, EVENT_FAIL): PHASE_DONE,
+    (PHASE_FORWARDING, EVENT_CLIENT_LEFT): PHASE_DONE,
+    (PHASE_ANSWERING, EVENT_ANSWER_END): PHASE_DONE,
+    (PHASE_ANSWERING, EVENT_UPGRADE): PHASE_DONE,
+    (PHASE_ANSWERING, EVENT_CUT): PHASE_DONE,
+    (PHASE_ANSWERING, EVENT_CLIENT_LEFT): PHASE_DONE,
 }
 
 
@@ -91,7 +119,7 @@ def illegal(phase: int, event: int) -> RelayError:
     return RelayError(f"{Event(event).name} is not legal while {Phase(phase).name}")
 
 
-# For the hot path's own inlined steps (exchange.py): reading ``Event.ATTACH`` goes through the enum's class
+# For the hot path's own inlined steps (exchange.py): reading ``EVENT_ATTACH`` goes through the enum's class
 # attribute machinery (~0.05 µs a read); these names are plain module globals.
 NEXT, EVENTS, PHASES = _NEXT, _EVENTS, _PHASES
 
@@ -108,18 +136,24 @@ class Failure(enum.IntEnum):
     LATE = 3  # the exchange is over already: nothing to do
 
 
+FAILURE_RETRY: Final[Failure] = Failure["RETRY"]
+FAILURE_BAD_GATEWAY: Final[Failure] = Failure["BAD_GATEWAY"]
+FAILURE_CUT: Final[Failure] = Failure["CUT"]
+FAILURE_LATE: Final[Failure] = Failure["LATE"]
+
+
 def upstream_lost(phase: Phase, *, reused: bool, received: bool, retried: bool, has_body: bool, method: bytes,
                   upgrading: bool) -> Failure:
     """The worker's connection ended before the answer did. Retry once only when nothing can have happened
     twice: a kept-alive connection the worker closed while idle (nothing received), an idempotent method, no
     body, no upgrade, not retried already (RFC 9110 §9.2.2)."""
-    if phase == Phase.DONE or phase == Phase.QUEUED:
-        return Failure.LATE
-    if phase == Phase.ANSWERING:
-        return Failure.CUT
+    if phase in (PHASE_DONE, PHASE_QUEUED):
+        return FAILURE_LATE
+    if phase == PHASE_ANSWERING:
+        return FAILURE_CUT
     if reused and not received and not retried and not has_body and method in IDEMPOTENT and not upgrading:
-        return Failure.RETRY
-    return Failure.BAD_GATEWAY
+        return FAILURE_RETRY
+    return FAILURE_BAD_GATEWAY
 
 
 class Timeout(enum.IntEnum):
@@ -128,21 +162,26 @@ class Timeout(enum.IntEnum):
     CUT = 2  # the answer began and stalled: cut
 
 
+TIMEOUT_CLOSE: Final[Timeout] = Timeout["CLOSE"]
+TIMEOUT_GATEWAY_TIMEOUT: Final[Timeout] = Timeout["GATEWAY_TIMEOUT"]
+TIMEOUT_CUT: Final[Timeout] = Timeout["CUT"]
+
+
 def timed_out(phase: Phase | None) -> Timeout:
     """No byte moved either way for the timeout; ``phase``: the first request's, None when there is none."""
-    if phase == Phase.FORWARDING:
-        return Timeout.GATEWAY_TIMEOUT
-    if phase == Phase.ANSWERING:
-        return Timeout.CUT
-    return Timeout.CLOSE
+    if phase == PHASE_FORWARDING:
+        return TIMEOUT_GATEWAY_TIMEOUT
+    if phase == PHASE_ANSWERING:
+        return TIMEOUT_CUT
+    return TIMEOUT_CLOSE
 
 
 def client_left(phase: Phase, status: int) -> int | None:
     """The status to close the counters entry with when the client goes away (as nginx: 499 while nothing of
     the answer was sent, else the answer's own status); None when nothing is open."""
-    if phase == Phase.FORWARDING:
+    if phase == PHASE_FORWARDING:
         return 499
-    if phase == Phase.ANSWERING:
+    if phase == PHASE_ANSWERING:
         return status
     return None
 
@@ -153,11 +192,17 @@ class CloseMode(enum.IntEnum):
     LINGER = 2  # end our side, read and drop what still comes for a moment, then close
 
 
+CLOSEMODE_KEEP: Final[CloseMode] = CloseMode["KEEP"]
+CLOSEMODE_CLOSE: Final[CloseMode] = CloseMode["CLOSE"]
+CLOSEMODE_LINGER: Final[CloseMode] = CloseMode["LINGER"]
+
+
 def after_own_answer(*, close: bool, keep_alive: bool, client_eof: bool, stopping: bool, upgrading: bool,
                      body_done: bool, expect: bool, parse_error: bool) -> CloseMode:
     """How the connection goes on after an answer of the front's own. Closing at once while the client may
     still be sending would reset the connection, and a reset can destroy the answer in the client's receive
     buffer before it is read: then the close lingers (nginx's lingering close)."""
     if not (close or not keep_alive or client_eof or stopping or upgrading or (not body_done and expect)):
-        return CloseMode.KEEP
-    return CloseMode.CLOSE if body_done and not parse_error else CloseMode.LINGER
+        return CLOSEMODE_KEEP
+    return CLOSEMODE_CLOSE if body_done and not parse_error else CLOSEMODE_LINGER
+
