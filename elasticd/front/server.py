@@ -11,18 +11,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from functools import partial
-from typing import cast
+from typing import Any, cast
 
 from elasticd.background import watch
 from elasticd.config.model import Address, Quotas
+from elasticd.front import serving
 from elasticd.front.client import ClientConn
 from elasticd.front.core.counters import ForwardCounters
 from elasticd.front.core.dispatch import Refuse, Target, decide
 from elasticd.front.core.exchange import Exchange
 from elasticd.front.core.quota import QuotaBook
-from elasticd.front.core.relay import Event, Phase, RelayError
+from elasticd.front.core.relay import EVENT_FAIL, EVENT_REFUSE, PHASE_FORWARDING, Event, RelayError
 from elasticd.front.core.routing import AppRoute, RouteTable
 from elasticd.front.core.sticky import PlaceFn, Surface, place
 from elasticd.front.request_metrics import FrontCollector
@@ -35,7 +36,6 @@ log = logging.getLogger("elasticd.front")
 # (tenant, app, group) -> the upstreams routable right now, in the group's stable order (first: reception).
 WorkersFn = Callable[[str, str, str], Sequence[Upstream]]
 
-_FORWARDING, _REFUSE, _FAIL = Phase.FORWARDING, Event.REFUSE, Event.FAIL
 _MISS = object()
 _MAX_HOSTS = 1024  # Host header values remembered with their route (a flood of odd names only resets it)
 STALE_MARGIN = 10.0  # seconds past request_timeout before a dead open-requests entry is swept
@@ -77,7 +77,7 @@ class Front:
         self._targets: dict[bytes | None, Target | None] = {}
         self._pools: dict[str, ConnectionPool] = {}
         self._probes: dict[str, asyncio.Task[None]] = {}
-        self._connecting: set[asyncio.Task[UpstreamConn]] = set()
+        self._connecting: set[asyncio.Task[tuple[asyncio.BaseTransport, UpstreamConn]]] = set()
         self._server: asyncio.AbstractServer | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._next_expiry = 0.0
@@ -107,26 +107,35 @@ class Front:
 
     # ------------------------------------------------------------------ life
 
-    async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: ClientConn(self), self._address.host, self._address.port,
-                                                reuse_address=True, backlog=1024)
-        self.port = self._server.sockets[0].getsockname()[1]
-        self._timer = loop.call_later(self._tick_interval(), self._tick)
-        log.info("front listening on %s", Address(self._address.host, self.port))
+    def start(self) -> Coroutine[Any, Any, None]:
+        """Open the listener (awaitable; the coroutine is serving.py's, see there why)."""
+        return serving.listen(lambda: ClientConn(self), self._address.host, self._address.port, self._listening)
 
-    async def stop(self, grace: float = 10.0) -> None:
-        """Stop accepting; let answers under way finish (up to ``grace``); close every connection."""
+    def _listening(self, server: asyncio.AbstractServer) -> None:
+        self._server = server
+        # (through Any: uvloop's server is no asyncio.Server, and its sockets are a list where asyncio's are a
+        # tuple; a compiled front checks the declared type when it reads the attribute, and would refuse it)
+        listening: Any = server
+        port: int = listening.sockets[0].getsockname()[1]
+        self.port = port
+        self._timer = asyncio.get_running_loop().call_later(self._tick_interval(), self._tick)
+        log.info("front listening on %s", Address(self._address.host, port))
+
+    def stop(self, grace: float = 10.0) -> Coroutine[Any, Any, None]:
+        """Stop accepting; let answers under way finish (up to ``grace``); close every connection
+        (awaitable)."""
         self.stopping = True
         if self._server is not None:
             self._server.close()
         for conn in list(self.conns):
             if conn.idle and conn.transport is not None:
                 conn.transport.close()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
-        while any(not c.idle for c in self.conns) and loop.time() < deadline:
-            await asyncio.sleep(0.02)
+        return serving.drain(self._busy, grace, self._stopped)
+
+    def _busy(self) -> bool:
+        return any(not c.idle for c in self.conns)
+
+    def _stopped(self) -> None:
         for conn in list(self.conns):
             if conn.transport is not None:
                 conn.transport.abort()
@@ -136,7 +145,6 @@ class Front:
             task.cancel()
         for worker_id in list(self._pools):
             self._drop_pool(worker_id)
-        await asyncio.sleep(0)  # let the transports' close callbacks run
         self._server = None
 
     def tunnels_by_worker(self) -> dict[str, int]:
@@ -212,7 +220,7 @@ class Front:
 
     def _refuse(self, client: ClientConn, ex: Exchange, status: int, text: str, retry_after: int | None = None,
                 close: bool = False) -> None:
-        ex.advance(_REFUSE)
+        ex.advance(EVENT_REFUSE)
         client.answer(ex, status, text, retry_after=retry_after, close=close)
 
     def dispatch(self, client: ClientConn, ex: Exchange) -> None:
@@ -272,17 +280,19 @@ class Front:
         self.connect(client, ex, pool)
 
     def connect(self, client: ClientConn, ex: Exchange, pool: ConnectionPool) -> None:
-        task = asyncio.get_running_loop().create_task(pool.connect())
+        task = asyncio.get_running_loop().create_task(pool.connect())  # (the loop's coroutine: see serving.py)
         self._connecting.add(task)
         task.add_done_callback(partial(self._connected, client, ex, pool))
 
     def _connected(self, client: ClientConn, ex: Exchange, pool: ConnectionPool,
-                   task: asyncio.Task[UpstreamConn]) -> None:
+                   task: asyncio.Task[tuple[asyncio.BaseTransport, UpstreamConn]]) -> None:
         self._connecting.discard(task)
         if task.cancelled():
             return
         error = task.exception()
-        late = ex.phase is not _FORWARDING or client.transport is None
+        if error is None and not pool.opened(task.result()[1]):
+            error = ConnectionAbortedError("the worker's connections were closed meanwhile")
+        late = ex.phase is not PHASE_FORWARDING or client.transport is None
         if error is not None:
             if late:
                 return
@@ -291,7 +301,7 @@ class Front:
             self.worker_failed(pool.worker_id, pool.path)
             self.relay_failed(client, ex, 502, "the worker could not be reached")
             return
-        conn = task.result()
+        conn = task.result()[1]
         if late:
             pool.put(conn)  # the client left or timed out meanwhile: keep the connection for the next one
             return
@@ -307,7 +317,7 @@ class Front:
     def relay_failed(self, client: ClientConn, ex: Exchange, status: int, text: str, close: bool = False) -> None:
         """A forwarded request failed before its answer started: the front answers it, in its turn."""
         label = f"{ex.route}: " if ex.route is not None else ""
-        self.settle(ex, status, _FAIL)
+        self.settle(ex, status, EVENT_FAIL)
         client.answer(ex, status, label + text, close=close)
         client.serve_next()
 
@@ -352,21 +362,11 @@ class Front:
             return  # an old socket's connection failed; the worker's current one is another pool's business
         self.unroutable.add(worker_id)
         self._drop_pool(worker_id)
-        self._probes[worker_id] = watch(asyncio.get_running_loop().create_task(self._probe(worker_id, path)), log,
+        probing = serving.probe(path, partial(self._accepting, worker_id))
+        self._probes[worker_id] = watch(asyncio.get_running_loop().create_task(probing), log,
                                         f"probing worker {worker_id}'s socket")
 
-    async def _probe(self, worker_id: str, path: str) -> None:
-        loop = asyncio.get_running_loop()
-        delay = 0.05
-        while True:
-            await asyncio.sleep(delay)
-            try:
-                transport, _ = await loop.create_unix_connection(asyncio.Protocol, path)
-            except OSError:
-                delay = min(delay * 2, 2.0)
-                continue
-            transport.close()
-            break
+    def _accepting(self, worker_id: str) -> None:
         self.unroutable.discard(worker_id)
         self._probes.pop(worker_id, None)
         log.info("worker %s accepts connections again: routable", worker_id)

@@ -5,8 +5,9 @@ answers are read by the relay core (``core.answer``) and streamed to the client 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from elasticd.front.core.answer import (
     ANSWERED,
@@ -204,14 +205,19 @@ class ConnectionPool:
                 return conn
         return None
 
-    async def connect(self) -> UpstreamConn:
-        loop = asyncio.get_running_loop()
-        _, conn = await loop.create_unix_connection(lambda: UpstreamConn(self), self.path)
+    def connect(self) -> Coroutine[Any, Any, tuple[asyncio.BaseTransport, UpstreamConn]]:
+        """A new connection to the worker, as the loop's own coroutine (no coroutine of ours here: see
+        serving.py); its result goes to ``opened``."""
+        return asyncio.get_running_loop().create_unix_connection(lambda: UpstreamConn(self), self.path)
+
+    def opened(self, conn: UpstreamConn) -> bool:
+        """Take a connection ``connect`` made; False, and the connection closed, when the pool closed
+        meanwhile."""
         if self.closed:
             conn.close()
-            raise ConnectionAbortedError("the worker's connections were closed meanwhile")
+            return False
         self.conns.add(conn)
-        return conn
+        return True
 
     def put(self, conn: UpstreamConn) -> None:
         if self.closed or conn.closed or len(self.idle) >= MAX_IDLE:

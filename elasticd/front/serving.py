@@ -1,0 +1,52 @@
+"""The front's coroutines: opening the listener, the drain at stop, and probing an unroutable worker's socket.
+
+They live apart from ``server.py`` because the request path (server, client, upstream, the core) is compiled
+with mypyc (setup.py) and holds no coroutine: the mypyc of Debian bookworm (1.0.1, the one the .deb is built
+with) crashes the interpreter when an exception is thrown into a compiled coroutine (a refused connect, a
+cancelled sleep), where in Python it is just an exception. Each takes what it needs as arguments and hands its
+outcome to a callback of the front's, so this module imports nothing of the front's (no cycle) and the
+decisions stay in the front.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+__all__ = ["drain", "listen", "probe"]
+
+
+async def listen(factory: Callable[[], asyncio.Protocol], host: str, port: int,
+                 listening: Callable[[asyncio.AbstractServer], None]) -> None:
+    """Open the front's TCP listener (an error, e.g. the port in use, is the awaiting caller's)."""
+    server = await asyncio.get_running_loop().create_server(factory, host, port, reuse_address=True,
+                                                            backlog=1024)
+    listening(server)
+
+
+async def drain(busy: Callable[[], bool], grace: float, drained: Callable[[], None]) -> None:
+    """Wait (up to ``grace`` seconds) until nothing is ``busy``, then ``drained``; one more loop turn lets the
+    transports' close callbacks run."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    while busy() and loop.time() < deadline:
+        await asyncio.sleep(0.02)
+    drained()
+    await asyncio.sleep(0)
+
+
+async def probe(path: str, accepting: Callable[[], None]) -> None:
+    """Try to connect to the Unix socket ``path`` (backing off from 50 ms to 2 s) until it accepts, then
+    ``accepting``. Cancelled when the worker goes or the front stops."""
+    loop = asyncio.get_running_loop()
+    delay = 0.05
+    while True:
+        await asyncio.sleep(delay)
+        try:
+            transport, _ = await loop.create_unix_connection(asyncio.Protocol, path)
+        except OSError:
+            delay = min(delay * 2, 2.0)
+            continue
+        transport.close()
+        accepting()
+        return
