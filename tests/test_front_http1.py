@@ -320,3 +320,15 @@ def test_an_absolute_form_target_replaces_every_host_line_the_worker_would_see()
     (10, 70_000, 431), (0, 70_000, 431), (0, 0, 431)])
 def test_oversize_status(url_bytes, header_bytes, expected):
     assert http1.oversize_status(url_bytes, header_bytes, 65_536)[0] == expected
+
+
+@pytest.mark.parametrize(("seconds", "expected"), [
+    (0.0, 0), (0.004, 0), (0.005, 0),  # a bound is its own bucket's (le: less than or equal)
+    (0.0051, 1), (0.3, 7), (1.0, 9), (10.0, 13), (10.01, 14), (1e9, 14),  # over the last bound: +Inf
+])
+def test_a_latency_falls_in_the_first_bucket_whose_bound_it_does_not_exceed(seconds: float, expected: int) -> None:
+    from bisect import bisect_left
+
+    from elasticd.front.core.counters import BOUNDS, bucket
+    assert bucket(seconds) == expected == bisect_left(BOUNDS, seconds)
+

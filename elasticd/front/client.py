@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from elasticd.front.core.connection import (
     CLOSE,
@@ -46,7 +46,7 @@ __all__ = ["ClientConn"]
 
 log = logging.getLogger("elasticd.front")
 
-_LINGER = 2.0  # seconds a closing connection still reads (and drops) what the client sends
+_LINGER: Final = 2.0  # seconds a closing connection still reads (and drops) what the client sends
 
 
 

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from functools import partial
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from elasticd.background import watch
 from elasticd.config.model import Address, Quotas
@@ -36,9 +36,9 @@ log = logging.getLogger("elasticd.front")
 # (tenant, app, group) -> the upstreams routable right now, in the group's stable order (first: reception).
 WorkersFn = Callable[[str, str, str], Sequence[Upstream]]
 
-_MISS = object()
-_MAX_HOSTS = 1024  # Host header values remembered with their route (a flood of odd names only resets it)
-STALE_MARGIN = 10.0  # seconds past request_timeout before a dead open-requests entry is swept
+_MISS: Final = object()
+_MAX_HOSTS: Final = 1024  # Host header values remembered with their route (a flood of odd names only resets it)
+STALE_MARGIN: Final = 10.0  # seconds past request_timeout before a dead open-requests entry is swept
 
 
 class Front:

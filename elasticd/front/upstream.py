@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from elasticd.front.core.answer import (
     ANSWERED,
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_IDLE", "ConnectionPool", "Upstream", "UpstreamConn"]
 
-MAX_IDLE = 1024  # kept-alive connections per worker beyond which a released one is closed
+MAX_IDLE: Final = 1024  # kept-alive connections per worker beyond which a released one is closed
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +181,7 @@ class UpstreamConn(asyncio.Protocol):
             client.upstream_failed(ex, relay.reused, relay.received, self.pool.path, relay.why)
 
 
-_ANSWERED_WHOLE = WRITE | ANSWERED | RELEASE
+_ANSWERED_WHOLE: Final = WRITE | ANSWERED | RELEASE
 
 
 class ConnectionPool:

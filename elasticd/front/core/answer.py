@@ -13,6 +13,8 @@ side.
 
 from __future__ import annotations
 
+from typing import Final
+
 import httptools
 
 from elasticd.front.core.exchange import Exchange
@@ -22,14 +24,14 @@ from elasticd.front.core.relay import RelayError
 __all__ = ["ANSWERED", "CLOSE", "FAILED", "RELEASE", "TUNNEL", "TUNNEL_CLOSED", "UPGRADED", "WRITE", "AnswerRelay"]
 
 # Effects of ``receive`` and ``lost`` (a bitmask).
-WRITE = 1  # bytes for the client: ``to_client``
-ANSWERED = 2  # the answer is complete: settle the exchange (``close_after`` says whether the client's closes)
-RELEASE = 4  # the worker connection may carry another request: back to its pool
-CLOSE = 8  # close the worker connection
-UPGRADED = 16  # 101 went to the client: from here both connections are a tunnel (``tail``: what followed)
-FAILED = 32  # the connection failed the request before its answer ended (``why``)
-TUNNEL = 64  # tunnelled bytes: relay the input as it is to the client
-TUNNEL_CLOSED = 128  # the worker closed the tunnel
+WRITE: Final = 1  # bytes for the client: ``to_client``
+ANSWERED: Final = 2  # the answer is complete: settle the exchange (``close_after`` says whether the client's closes)
+RELEASE: Final = 4  # the worker connection may carry another request: back to its pool
+CLOSE: Final = 8  # close the worker connection
+UPGRADED: Final = 16  # 101 went to the client: from here both connections are a tunnel (``tail``: what followed)
+FAILED: Final = 32  # the connection failed the request before its answer ended (``why``)
+TUNNEL: Final = 64  # tunnelled bytes: relay the input as it is to the client
+TUNNEL_CLOSED: Final = 128  # the worker closed the tunnel
 
 
 class _OutOfTurn(Exception):

@@ -23,6 +23,7 @@ effect would cost more than the step it describes.
 from __future__ import annotations
 
 from collections import deque
+from typing import Final
 
 import httptools
 
@@ -51,25 +52,26 @@ from elasticd.front.core.relay import (
 __all__ = ["CLOSE", "CONTINUE", "CROWDED", "DISPATCH", "FAIL", "MAX_PENDING", "MAX_QUEUE", "SERVE", "TO_WORKER",
            "ClientRelay"]
 
-MAX_QUEUE = 16  # pipelined requests read ahead of the one being served
-MAX_PENDING = 256 << 10  # request body bytes buffered before reading from the client pauses
+MAX_QUEUE: Final = 16  # pipelined requests read ahead of the one being served
+MAX_PENDING: Final = 256 << 10  # request body bytes buffered before reading from the client pauses
 
 # ``receive``'s effects (a bitmask; 0: nothing to do).
-SERVE = 1  # the first request can move: dispatch it (``next_request``) or send its body on (``body_bytes``)
-CROWDED = 2  # the queue or the buffered body is over its bound: once served, ask ``pause_if_crowded``
-TO_WORKER = 4  # the bytes were raw (after an upgrade): write them, as they are, to ``link``
-FAIL = 8  # the request under way broke inside its body: close ``link``, answer ``failure`` in its turn
-CLOSE = 16  # close the client connection at once (a request broke mid-answer: its entry ends as it is lost)
-DISPATCH = 32  # alone: the one request queued waits to be dispatched (``queue[0]``); nothing else to do
+SERVE: Final = 1  # the first request can move: dispatch it (``next_request``) or send its body on (``body_bytes``)
+CROWDED: Final = 2  # the queue or the buffered body is over its bound: once served, ask ``pause_if_crowded``
+TO_WORKER: Final = 4  # the bytes were raw (after an upgrade): write them, as they are, to ``link``
+FAIL: Final = 8  # the request under way broke inside its body: close ``link``, answer ``failure`` in its turn
+CLOSE: Final = 16  # close the client connection at once (a request broke mid-answer: its entry ends as it is lost)
+DISPATCH: Final = 32  # alone: the one request queued waits to be dispatched (``queue[0]``); nothing else to do
 
 # Why reading from the client is paused (both may hold).
-FOR_QUEUE, FOR_UPSTREAM = 1, 2
+FOR_QUEUE: Final = 1
+FOR_UPSTREAM: Final = 2
 
-CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+CONTINUE: Final = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 # httptools >= 0.2 (llhttp) refuses versions other than 1.0 and 1.1 itself; 0.1.x (http-parser, Debian bookworm's)
 # reads "HTTP/1.2" as a keep-alive 1.x, so there every request's version is asked and checked.
-_PARSER_CHECKS_VERSION = tuple(int(part) for part in httptools.__version__.split(".")[:2]) >= (0, 2)
+_PARSER_CHECKS_VERSION: Final = tuple(int(part) for part in httptools.__version__.split(".")[:2]) >= (0, 2)
 
 
 class ClientRelay:

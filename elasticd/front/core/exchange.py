@@ -7,7 +7,7 @@ open-requests entry of the forward counters (``user``, ``worker``, ``ts``): noth
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Final, Protocol
 
 from elasticd.front.core import http1
 from elasticd.front.core.counters import ForwardCounters, RouteStats, WorkerCounters
@@ -174,4 +174,4 @@ class Exchange:
         return self.conn is not None and self.phase is not PHASE_DONE
 
 
-NO_HEAD = http1.RequestHead()
+NO_HEAD: Final = http1.RequestHead()

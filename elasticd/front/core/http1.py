@@ -19,32 +19,46 @@ otherwise re-chunked for an HTTP/1.1 client or delimited by closing the connecti
 from __future__ import annotations
 
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Final
 
 __all__ = ["CHUNK", "EOF", "LENGTH", "NONE", "RequestHead", "RequestReader", "ResponseHead", "ResponseReader",
            "chunk", "head_refusal", "is_http11", "oversize_status", "plain", "read_request", "read_response",
            "status_line", "upstream_head"]
 
 # Framing of a body (how its end is known).
-NONE, LENGTH, CHUNK, EOF = 0, 1, 2, 3
+NONE: Final = 0
+LENGTH: Final = 1
+CHUNK: Final = 2
+EOF: Final = 3
 
-_HOP = (b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
-        b"te", b"trailer", b"trailers", b"transfer-encoding", b"upgrade")
-_HOST, _COOKIE, _CONN, _XFF, _XFP, _XFH, _EXPECT, _TE, _LENGTH, _UPGRADE, _DROP, _LOGIN = range(1, 13)
+_HOP: Final = (b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
+               b"te", b"trailer", b"trailers", b"transfer-encoding", b"upgrade")
+_HOST: Final = 1
+_COOKIE: Final = 2
+_CONN: Final = 3
+_XFF: Final = 4
+_XFP: Final = 5
+_XFH: Final = 6
+_EXPECT: Final = 7
+_TE: Final = 8
+_LENGTH: Final = 9
+_UPGRADE: Final = 10
+_DROP: Final = 11
+_LOGIN: Final = 12
 
-_REQUEST_KINDS: dict[bytes, int] = {name: _DROP for name in _HOP}
+_REQUEST_KINDS: Final[dict[bytes, int]] = {name: _DROP for name in _HOP}
 _REQUEST_KINDS.update({
     b"host": _HOST, b"cookie": _COOKIE, b"connection": _CONN, b"x-forwarded-for": _XFF,
     b"x-forwarded-proto": _XFP, b"x-forwarded-host": _XFH, b"expect": _EXPECT, b"transfer-encoding": _TE,
     b"content-length": _LENGTH, b"upgrade": _UPGRADE,
     b"x-elastic-user-id": _DROP,  # only the front says who the user is
 })
-_RESPONSE_KINDS: dict[bytes, int] = {name: _DROP for name in _HOP}
+_RESPONSE_KINDS: Final[dict[bytes, int]] = {name: _DROP for name in _HOP}
 _RESPONSE_KINDS.update({
     b"connection": _CONN, b"transfer-encoding": _TE, b"content-length": _LENGTH, b"upgrade": _UPGRADE,
     b"x-elastic-login": _LOGIN,
 })
-_NOT_NAMES = frozenset({b"close", b"keep-alive", b"upgrade", b""})  # Connection tokens that name no header
+_NOT_NAMES: Final = frozenset({b"close", b"keep-alive", b"upgrade", b""})  # Connection tokens that name no header
 
 
 class RequestHead:
@@ -253,8 +267,8 @@ def read_request(headers: list[tuple[bytes, bytes]], http11: bool, upgrade: bool
     return reader.finish(http11, upgrade)
 
 
-_COMMON_TAIL = (b"X-Forwarded-For: %b\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Host: %b\r\n"
-                b"X-Elastic-User-Id: %b\r\n\r\n")
+_COMMON_TAIL: Final = (b"X-Forwarded-For: %b\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Host: %b\r\n"
+                       b"X-Elastic-User-Id: %b\r\n\r\n")
 
 
 def upstream_head(method: bytes, url: bytes, head: RequestHead, peer: bytes | None, user: bytes) -> list[bytes]:
@@ -314,8 +328,8 @@ class ResponseHead:
                 f"upstream_eof={self.upstream_eof}, login={self.login!r}, head={self.head!r})")
 
 
-_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
-_STATUS_LINES: dict[tuple[int, bytes | None], bytes] = {}
+_REASONS: Final = {s.value: s.phrase.encode() for s in HTTPStatus}
+_STATUS_LINES: Final[dict[tuple[int, bytes | None], bytes]] = {}
 
 
 def status_line(status: int, reason: bytes | None) -> bytes:

@@ -11,14 +11,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from elasticd.config.model import Quotas, default_burst
 
 __all__ = ["CONCURRENCY", "RATE", "ConcurrencyGate", "QuotaBook", "Refusal", "TenantQuota", "TokenBucket",
            "retry_after"]
 
-CONCURRENCY = "concurrency"
-RATE = "rate"
+CONCURRENCY: Final = "concurrency"
+RATE: Final = "rate"
 
 
 def retry_after(wait: float) -> int:
@@ -102,7 +103,7 @@ class Refusal:
 
 # Over the concurrency limit: a slot frees when some request ends, which the front cannot predict; one
 # second is the shortest whole-second hint.
-_BUSY = Refusal(503, 1, CONCURRENCY)
+_BUSY: Final = Refusal(503, 1, CONCURRENCY)
 
 
 class TenantQuota:

@@ -81,7 +81,7 @@ class RelayError(Exception):
     """An event that is not legal in the exchange's phase: a bug of the front, handled by failing closed."""
 
 
-TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
+TRANSITIONS: Final[dict[tuple[Phase, Event], Phase]] = {
     (PHASE_QUEUED, EVENT_REFUSE): PHASE_DONE,
     (PHASE_QUEUED, EVENT_FORWARD): PHASE_FORWARDING,
     (PHASE_FORWARDING, EVENT_ATTACH): PHASE_FORWARDING,
@@ -100,11 +100,11 @@ TRANSITIONS: dict[tuple[Phase, Event], Phase] = {
 # The table flattened for the hot path: a list indexed by phase * len(Event) + event, -1 where there is no row.
 # (A dict keyed by (Phase, Event) pairs would hash two enums per step, each through Enum.__hash__, a Python
 # call: about 0.2 µs a step, four steps a request.)
-_EVENTS = len(Event)
-_NEXT: list[int] = [-1] * (len(Phase) * _EVENTS)
+_EVENTS: Final = len(Event)
+_NEXT: Final[list[int]] = [-1] * (len(Phase) * _EVENTS)
 for (_phase, _event), _to in TRANSITIONS.items():
     _NEXT[_phase * _EVENTS + _event] = _to
-_PHASES = tuple(Phase)
+_PHASES: Final = tuple(Phase)
 
 
 def step(phase: int, event: int) -> Phase:
@@ -119,14 +119,15 @@ def illegal(phase: int, event: int) -> RelayError:
     return RelayError(f"{Event(event).name} is not legal while {Phase(phase).name}")
 
 
-# For the hot path's own inlined steps (exchange.py): reading ``EVENT_ATTACH`` goes through the enum's class
-# attribute machinery (~0.05 µs a read); these names are plain module globals.
-NEXT, EVENTS, PHASES = _NEXT, _EVENTS, _PHASES
+# For the hot path's own inlined steps (exchange.py).
+NEXT: Final = _NEXT
+EVENTS: Final = _EVENTS
+PHASES: Final = _PHASES
 
 
 # ------------------------------------------------------------------ decisions at the edges
 
-IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
+IDEMPOTENT: Final = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
 
 
 class Failure(enum.IntEnum):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
+from typing import Final, Protocol
 
 __all__ = [
     "COOKIE",
@@ -29,11 +29,11 @@ __all__ = [
     "user_from_cookie",
 ]
 
-COOKIE = "elastic_uid"
-_NEEDLE = COOKIE.encode() + b"="
-_ID_LEN = 32  # hex digits of 128 bits
-_HEX_DIGITS = b"0123456789abcdef"
-_ALONE = len(_NEEDLE) + _ID_LEN  # a Cookie header carrying our cookie only
+COOKIE: Final = "elastic_uid"
+_NEEDLE: Final = COOKIE.encode() + b"="
+_ID_LEN: Final = 32  # hex digits of 128 bits
+_HEX_DIGITS: Final = b"0123456789abcdef"
+_ALONE: Final = len(_NEEDLE) + _ID_LEN  # a Cookie header carrying our cookie only
 
 
 class _Random:
@@ -57,7 +57,7 @@ class _Random:
         self.block = b""  # a forked child must not hand out its parent's ids
 
 
-_random = _Random()
+_random: Final = _Random()
 os.register_at_fork(after_in_child=_random.reset)
 
 
@@ -88,9 +88,9 @@ def user_from_cookie(header: bytes) -> str | None:
     return None
 
 
-_SET = f"Set-Cookie: {COOKIE}=".encode()
-_ATTRIBUTES = b"; Path=/; HttpOnly; SameSite=Lax\r\n"
-_ATTRIBUTES_SECURE = b"; Path=/; HttpOnly; SameSite=Lax; Secure\r\n"
+_SET: Final = f"Set-Cookie: {COOKIE}=".encode()
+_ATTRIBUTES: Final = b"; Path=/; HttpOnly; SameSite=Lax\r\n"
+_ATTRIBUTES_SECURE: Final = b"; Path=/; HttpOnly; SameSite=Lax; Secure\r\n"
 
 
 def set_cookie_line(user: str, secure: bool) -> bytes:
