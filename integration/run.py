@@ -2,7 +2,7 @@
 """elasticd's VM suite, host side: prove the .deb on a real systemd + cgroup v2 host.
 
     ./dev integration            (installs the host tools, builds the .deb, then runs this)
-    python3 integration/run.py [--deb dist/elasticd_X_all.deb] [--only cpu,reload] [--timeout 900]
+    python3 integration/run.py [--deb dist/elasticd_X_amd64.deb] [--only cpu,reload] [--timeout 900]
 
 1. The .deb: the one given, else ``packaging/deb/build`` builds it.
 2. The image: Debian bookworm with systemd, a kernel and elasticd's Debian dependencies, built by

@@ -7,6 +7,7 @@ of bytes to each app's workers over their Unix sockets (asyncio Protocols with h
 
 from __future__ import annotations
 
+from . import server
 from .core.counters import ForwardCounters, RouteStats, WorkerCounters
 from .core.quota import ConcurrencyGate, QuotaBook, Refusal, TenantQuota, TokenBucket, retry_after
 from .core.routing import AppRoute, RouteTable, normalize_host
@@ -15,7 +16,11 @@ from .request_metrics import FrontCollector
 from .server import Front, WorkersFn
 from .upstream import Upstream
 
+# Whether this front is the mypyc build (setup.py, as the .deb ships it) rather than the sources.
+COMPILED = not server.__file__.endswith(".py")
+
 __all__ = [
+    "COMPILED",
     "AppRoute",
     "ConcurrencyGate",
     "ForwardCounters",

@@ -58,8 +58,8 @@ from common import (
 
 
 def s_install(share: Path) -> tuple[str, dict[str, Any]]:
-    debs = sorted(share.glob("elasticd_*_all.deb"))
-    check(len(debs) == 1, f"expected one elasticd_*_all.deb in the share, found {[d.name for d in debs]}")
+    debs = sorted(share.glob("elasticd_*.deb"))
+    check(len(debs) == 1, f"expected one elasticd_*.deb in the share, found {[d.name for d in debs]}")
     # A copy readable by apt's unprivileged download user, so apt needs no "unsandboxed" fallback.
     deb = Path("/tmp") / debs[0].name
     shutil.copyfile(debs[0], deb)
@@ -79,10 +79,16 @@ def s_install(share: Path) -> tuple[str, dict[str, Any]]:
     deps = {}
     for name in re.findall(r"(python3-[a-z.-]+)", depends):
         deps[name] = run(["dpkg-query", "-W", "-f=${Version}", name]).stdout
+    # The front the package runs is the compiled one (setup.py, built with Debian's mypyc), not the sources.
+    front = run(["python3", "-c",
+                 "import elasticd.front as f, elasticd.front.server as s; print(f.COMPILED, s.__file__)"])
+    check(front.returncode == 0 and front.stdout.startswith("True "),
+          f"the installed front is not the compiled one: {front.stdout.strip()} {front.stderr[-1000:]}")
     users = _shipped_config_runs_unprivileged()
     make_users()
     return (f"apt-get install {deb.name}: {seconds:.1f}s, elasticd {version}; Depends met by Debian's "
-            + ", ".join(f"{k} {v}" for k, v in sorted(deps.items())) + f"; the shipped config runs: {users}",
+            + ", ".join(f"{k} {v}" for k, v in sorted(deps.items()))
+            + f"; the front compiled ({front.stdout.split()[1]}); the shipped config runs: {users}",
             {"apt_output": result.stdout[-2000:], "depends": depends, "conffiles": conffiles.strip()})
 
 
