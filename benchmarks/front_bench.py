@@ -11,7 +11,10 @@ Starts one demo worker (``python -m elasticd.demo``, answering ``/``) on a Unix 
   answer sets one), with a tenant quota configured (high enough never to refuse) and the accounting on;
 - ``front (returning user)``: the same, every request carrying the sticky cookie of a known user;
 - ``nginx``: nginx (Debian package, one worker process) with ``proxy_pass`` to the worker's Unix socket and
-  an upstream ``keepalive`` pool.
+  an upstream ``keepalive`` pool;
+- ``compiled (...)``: the two front rows again, with the front compiled by mypyc as the .deb ships it
+  (setup.py, ``ELASTICD_MYPYC=1``; built here into a temporary copy of the tree with the running
+  interpreter's mypyc). ``--front source`` or ``--front compiled`` measures only one of the two.
 
 For each: requests per second, p50/p99 latency (wrk --latency), and the proxy's CPU time per request
 (user + system CPU of its processes over the run, from /proc, divided by the requests wrk completed), then
@@ -22,7 +25,8 @@ drifts by tens of percent over minutes, far more than within one round.
 ``--pin`` pins wrk to CPU 0 and the proxy and the worker to CPU 1 (off by default: see the note printed).
 ``--profile DIR`` also records the front under py-spy (``--format raw``) into DIR during one extra run.
 
-Needs: wrk, nginx (``apt-get install wrk nginx-light``), and for --profile, py-spy (pip). Loopback only,
+Needs: wrk, nginx (``apt-get install wrk nginx-light``), for the compiled front mypy (the venv has it) and a C
+compiler with Python's headers, and for --profile, py-spy (pip). Loopback only,
 bounded in time; every process it starts is stopped by its pid.
 """
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import shutil
@@ -44,6 +49,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from compiled_tree import compile_front
 
 REPO = Path(__file__).resolve().parent.parent
 HOST = "bench.localhost"
@@ -204,9 +211,10 @@ def measure(name: str, port: int, pids: list[int], args: argparse.Namespace, coo
 # ------------------------------------------------------------------------------------------ the front, served
 
 
-def serve_front(port: int, socket_path: str, use_uvloop: bool) -> None:
-    """The front as the daemon runs it: quotas configured (never refusing here), stickiness, accounting."""
-    sys.path.insert(0, str(REPO))
+def serve_front(port: int, socket_path: str, use_uvloop: bool, tree: Path) -> None:
+    """The front as the daemon runs it: quotas configured (never refusing here), stickiness, accounting;
+    imported from ``tree`` (the checkout, or a compiled copy of it)."""
+    sys.path.insert(0, str(tree))
     from elasticd.config.model import Address, Quotas
     from elasticd.front import AppRoute, Front, RouteTable, Upstream
 
@@ -234,30 +242,43 @@ def serve_front(port: int, socket_path: str, use_uvloop: bool) -> None:
 # ------------------------------------------------------------------------------------------ the run
 
 
+def front_argv(args: argparse.Namespace, port: int, sock: str, tree: Path) -> list[str]:
+    if args.front_command:
+        return str(args.front_command).format(port=port, socket=sock).split()
+    return [sys.executable, __file__, "--serve-front", str(port), sock, "--tree", str(tree)] + (
+        ["--uvloop"] if args.uvloop else [])
+
+
 def run_rounds(args: argparse.Namespace, tmp: Path, sock: str) -> list[list[Result]]:
     """Every target up at once (idle while another is measured), then per round each measured once, the
     order reversed every other round: a front and nginx are compared over adjacent runs, so the drift of
     a shared machine (seconds to minutes) weighs on both alike."""
-    direct_port, front_port, nginx_port = free_port(), free_port(), free_port()
+    direct_port, front_port, compiled_port, nginx_port = free_port(), free_port(), free_port(), free_port()
     cpu = args.proxy_cpu
-    front_argv = [sys.executable, __file__, "--serve-front", str(front_port), sock]
-    if args.uvloop:
-        front_argv.append("--uvloop")
-    if args.front_command:
-        front_argv = args.front_command.format(port=front_port, socket=sock).split()
+    fronts: list[tuple[str, int, Path]] = []
+    if args.front in ("source", "both"):
+        fronts.append(("front", front_port, REPO))
+    if args.front in ("compiled", "both") and not args.front_command:
+        fronts.append(("compiled", compiled_port, compile_front(REPO, tmp)))
     conf = tmp / "nginx.conf"
     conf.write_text(NGINX_CONF.format(tmp=tmp, socket=sock, port=nginx_port))
     rounds: list[list[Result]] = []
     # direct: the same demo code on TCP (wrk speaks TCP only)
-    with process([sys.executable, "-m", "elasticd.demo"], demo_env(f"tcp:127.0.0.1:{direct_port}"), cpu=cpu), \
-            process(front_argv, cpu=cpu) as front, \
-            process(["nginx", "-c", str(conf), "-p", str(tmp)], cpu=cpu) as nginx:
-        for port in (direct_port, front_port, nginx_port):
+    with contextlib.ExitStack() as running:
+        running.enter_context(process([sys.executable, "-m", "elasticd.demo"],
+                                      demo_env(f"tcp:127.0.0.1:{direct_port}"), cpu=cpu))
+        pids = {label: running.enter_context(process(front_argv(args, port, sock, tree), cpu=cpu)).pid
+                for label, port, tree in fronts}
+        nginx = running.enter_context(process(["nginx", "-c", str(conf), "-p", str(tmp)], cpu=cpu))
+        for port in (direct_port, nginx_port, *(port for _, port, _ in fronts)):
             wait_port(port)
         nginx_pids = [nginx.pid, *children(nginx.pid)]
-        targets = [("direct", direct_port, [], None), ("front (new users)", front_port, [front.pid], None),
-                   ("nginx", nginx_port, nginx_pids, None),
-                   ("front (returning user)", front_port, [front.pid], USER)]
+        targets: list[tuple[str, int, list[int], str | None]] = [("direct", direct_port, [], None)]
+        for label, port, _ in fronts:
+            targets.append((f"{label} (new users)", port, [pids[label]], None))
+        targets.append(("nginx", nginx_port, nginx_pids, None))
+        for label, port, _ in fronts:
+            targets.append((f"{label} (returning user)", port, [pids[label]], USER))
         for n in range(args.rounds):
             order = targets if n % 2 == 0 else targets[::-1]
             measured = {name: measure(name, port, pids, args, cookie) for name, port, pids, cookie in order}
@@ -271,9 +292,7 @@ def run_rounds(args: argparse.Namespace, tmp: Path, sock: str) -> list[list[Resu
 
 def profile(args: argparse.Namespace, sock: str, out_dir: Path) -> None:
     port = free_port()
-    argv = [sys.executable, __file__, "--serve-front", str(port), sock] + (["--uvloop"] if args.uvloop else [])
-    if args.front_command:
-        argv = args.front_command.format(port=port, socket=sock).split()
+    argv = front_argv(args, port, sock, REPO)  # the source: py-spy sees no frames inside compiled code
     out_dir.mkdir(parents=True, exist_ok=True)
     with process(argv) as front:
         wait_port(port)
@@ -312,10 +331,10 @@ def hot_spots(path: Path, top: int = 15) -> str:
 
 
 def table(results: list[Result]) -> str:
-    lines = [f"{'':24} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU µs/req':>11} {'errors':>7}"]
+    lines = [f"{'':26} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU µs/req':>11} {'errors':>7}"]
     for r in results:
         cpu = f"{r.cpu_us:11.1f}" if r.cpu_us is not None else f"{'-':>11}"
-        lines.append(f"{r.name:24} {r.rps:9.0f} {r.p50_ms:8.2f} {r.p99_ms:8.2f} {cpu} {r.errors:7d}")
+        lines.append(f"{r.name:26} {r.rps:9.0f} {r.p50_ms:8.2f} {r.p99_ms:8.2f} {cpu} {r.errors:7d}")
     return "\n".join(lines)
 
 
@@ -323,7 +342,7 @@ def ratios(results: list[Result]) -> str:
     by = {r.name: r for r in results}
     nginx = by["nginx"]
     lines = []
-    for name in ("front (new users)", "front (returning user)"):
+    for name in proxied(results):
         r = by[name]
         assert r.cpu_us is not None and nginx.cpu_us is not None
         lines.append(f"{name}/nginx: CPU per request {r.cpu_us / nginx.cpu_us:.2f}x (goal <= 1.3), "
@@ -331,10 +350,15 @@ def ratios(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def proxied(results: list[Result]) -> list[str]:
+    """The fronts' rows, compared with nginx's."""
+    return [r.name for r in results if r.name not in ("direct", "nginx")]
+
+
 def ratio_medians(rounds: list[list[Result]]) -> str:
     """The median over rounds of each round's own ratios (adjacent runs), not a ratio of medians."""
     lines = []
-    for name in ("front (new users)", "front (returning user)"):
+    for name in proxied(rounds[0]):
         cpu, rps = [], []
         for results in rounds:
             by = {r.name: r for r in results}
@@ -369,10 +393,14 @@ def main() -> int:
     parser.add_argument("--pin", action="store_true", help="wrk on CPU 0, proxy and worker on CPU 1")
     parser.add_argument("--profile", type=Path, help="also record the front under py-spy into this directory")
     parser.add_argument("--front-command", help="another front to measure: a command with {port} and {socket}")
+    parser.add_argument("--front", choices=("source", "compiled", "both"), default="both",
+                        help="the front from the sources, compiled with mypyc as the .deb ships it, or both "
+                             "(default)")
     parser.add_argument("--serve-front", nargs=2, metavar=("PORT", "SOCKET"), help=argparse.SUPPRESS)
+    parser.add_argument("--tree", type=Path, default=REPO, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_front:
-        serve_front(int(args.serve_front[0]), args.serve_front[1], args.uvloop)
+        serve_front(int(args.serve_front[0]), args.serve_front[1], args.uvloop, args.tree)
         return 0
     missing = [tool for tool in ("wrk", "nginx") if shutil.which(tool) is None]
     if missing:

@@ -1,15 +1,16 @@
 """The front's own CPU per request, with no socket: what our Python (and httptools) costs, apart from the
 kernel and the event loop.
 
-    .venv/bin/python benchmarks/front_cpu.py [--requests 60000] [--rounds 6] [--repo PATH ...]
+    .venv/bin/python benchmarks/front_cpu.py [--requests 60000] [--rounds 6] [--repo PATH ...] [--compiled]
 
 One client connection and one pooled worker connection, both on fake transports: a request's bytes go into
 the client side, the worker's answer's bytes into the worker side, and that is repeated, with the quota,
 stickiness and the forward counters on, for a new user (no cookie) and for a returning one. Each
 measurement runs in a fresh interpreter; with several ``--repo`` (checkouts, e.g. made with ``git worktree
 add /tmp/before <commit>``) the runs alternate between them, and the minimum and the median of each are
-printed. On a shared machine front_bench.py's figures drift by several percent between runs; these do much
-less, which is what a change of a few per cent needs. The kernel's part (the two sends, the two reads and
+printed; ``--compiled`` adds each checkout's front compiled with mypyc (setup.py, as the .deb ships it, built
+into a temporary copy). On a shared machine front_bench.py's figures drift by several percent between runs;
+these do much less, which is what a change of a few per cent needs. The kernel's part (the two sends, the two reads and
 epoll, about 6 µs a request here) is measured by front_bench.py against nginx, not here.
 """
 
@@ -19,7 +20,10 @@ import argparse
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+from compiled_tree import compile_front
 
 REPO = Path(__file__).resolve().parent.parent
 USER = "0123456789abcdef0123456789abcdef"
@@ -91,8 +95,18 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=60_000, help="requests per measurement (default 60000)")
     parser.add_argument("--rounds", type=int, default=6, help="measurements per checkout and user (default 6)")
     parser.add_argument("--repo", type=Path, action="append", help="a checkout to measure (default: this one)")
+    parser.add_argument("--compiled", action="store_true", help="also each checkout's front compiled with mypyc")
     args = parser.parse_args()
     repos = args.repo or [REPO]
+    with tempfile.TemporaryDirectory(prefix="front-cpu-") as where:
+        if args.compiled:
+            repos = [tree for n, repo in enumerate(repos)
+                     for tree in (repo, compile_front(repo.resolve(), Path(where) / str(n)))]
+        report(repos, args)
+    return 0
+
+
+def report(repos: list[Path], args: argparse.Namespace) -> None:
     figures: dict[tuple[Path, str], list[float]] = {}
     for _ in range(args.rounds):
         for repo in repos:
@@ -101,7 +115,6 @@ def main() -> int:
     print(f"the front's own CPU per request, µs (no socket; {args.requests} requests, {args.rounds} rounds)")
     for (repo, who), values in figures.items():
         print(f"  {repo!s:40} {who:9} min {min(values):5.2f}  median {statistics.median(values):5.2f}")
-    return 0
 
 
 if __name__ == "__main__":
