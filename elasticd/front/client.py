@@ -115,6 +115,15 @@ class ClientConn(asyncio.Protocol):
         except RelayError as exc:
             self.fail_closed(exc)
 
+    def released(self, ex: Exchange) -> None:
+        """``ex`` was held for a move of its user that ended: dispatched now, in its turn."""
+        try:
+            self.front.dispatch(self, ex)
+            if ex.phase is PHASE_DONE:  # answered by the front itself: whatever came after it is next
+                self._pump()
+        except RelayError as exc:
+            self.fail_closed(exc)
+
     def _carry_out(self, effects: int, data: bytes) -> None:
         relay = self.relay
         if effects & TO_WORKER:

@@ -20,10 +20,20 @@ from elasticd.config.model import Address, Quotas
 from elasticd.front import serving
 from elasticd.front.client import ClientConn
 from elasticd.front.core.counters import ForwardCounters
-from elasticd.front.core.dispatch import Refuse, Target, decide
+from elasticd.front.core.dispatch import Hold, Refuse, Target, decide
 from elasticd.front.core.exchange import Exchange
+from elasticd.front.core.holds import Holds
 from elasticd.front.core.quota import QuotaBook
-from elasticd.front.core.relay import EVENT_FAIL, EVENT_REFUSE, PHASE_FORWARDING, Event, RelayError
+from elasticd.front.core.relay import (
+    EVENT_FAIL,
+    EVENT_HOLD,
+    EVENT_REFUSE,
+    EVENT_RELEASE,
+    PHASE_FORWARDING,
+    PHASE_HELD,
+    Event,
+    RelayError,
+)
 from elasticd.front.core.routing import AppRoute, RouteTable
 from elasticd.front.core.sticky import PlaceFn, Surface, place
 from elasticd.front.request_metrics import FrontCollector
@@ -43,15 +53,15 @@ STALE_MARGIN: Final = 10.0  # seconds past request_timeout before a dead open-re
 
 class Front:
     __slots__ = ("_address", "_connecting", "_next_expiry", "_pools", "_probes", "_routes", "_server", "_targets",
-                 "_timer", "_workers", "clock", "conns", "forwards", "keepalive_timeout", "max_header_bytes",
-                 "on_login", "place", "port", "quotas", "request_timeout", "stale_after", "stopping", "surface",
-                 "tunnel_timeout", "unroutable")
+                 "_timer", "_workers", "clock", "conns", "forwards", "held", "keepalive_timeout", "max_header_bytes",
+                 "move_timeout", "on_login", "place", "port", "quotas", "request_timeout", "stale_after", "stopping",
+                 "surface", "tunnel_timeout", "unroutable")
 
     def __init__(self, address: Address, routes: RouteTable, workers: WorkersFn, *,
                  quotas: Mapping[str, Quotas] | None = None, request_timeout: float = 60.0,
                  user_ttl: float = 1800.0, clock: Callable[[], float] = time.monotonic,
                  max_header_bytes: int = 32 << 10, keepalive_timeout: float = 75.0,
-                 tunnel_timeout: float = 3600.0) -> None:
+                 tunnel_timeout: float = 3600.0, move_timeout: float = 10.0) -> None:
         self._address = address
         self._routes = routes
         self._workers = workers
@@ -60,6 +70,8 @@ class Front:
         self.keepalive_timeout = keepalive_timeout  # an idle client connection between requests
         self.tunnel_timeout = tunnel_timeout  # an idle upgraded (WebSocket) connection
         self.max_header_bytes = max_header_bytes  # request line + headers; over it: 431
+        self.move_timeout = move_timeout  # a live move's hard deadline: no request is held (much) longer
+        self.held: Holds[ClientConn] = Holds()  # requests of users being moved, until their move ends
         # An open-requests entry idle past the request timeout (plus a margin for the tick) can only be a leak.
         self.stale_after = request_timeout + STALE_MARGIN
         self.quotas = QuotaBook(quotas or {}, clock())
@@ -191,6 +203,11 @@ class Front:
                         conn.timed_out()
                     except RelayError as exc:
                         conn.fail_closed(exc)
+            for user in self.held.overdue(now, self.move_timeout + 1.0):
+                # The move's own deadline should have released them: whatever became of it, they go on.
+                log.warning("front: requests of %s held past the move timeout (%gs): released", user,
+                            self.move_timeout)
+                self.release(user)
             if now >= self._next_expiry:
                 self.surface.expire(now)
                 for request in self.forwards.sweep(now - self.stale_after):
@@ -244,6 +261,10 @@ class Front:
         if isinstance(decision, Refuse):
             self._refuse(client, ex, decision.status, decision.text, retry_after=decision.retry_after)
             return
+        if isinstance(decision, Hold):
+            ex.advance(EVENT_HOLD)
+            self.held.hold(decision.user, client, ex, now)
+            return
         assert target is not None
         upstream, ex.user, ex.entry, ex.cookie_line, ex.quota = decision
         ex.route = target.route
@@ -270,6 +291,19 @@ class Front:
             client.send_head(ex)
         else:
             self.connect(client, ex, pool)
+
+    def release(self, user: str) -> int:
+        """A move of ``user`` ended: it is forwarded again, and its held requests are dispatched, oldest first,
+        to wherever it is now (its new worker, or its old one after an abort). Returns how many went."""
+        self.surface.unflag(user)
+        released = 0
+        for client, ex in self.held.release(user):
+            if client.transport is None or ex.phase is not PHASE_HELD:
+                continue  # the client left meanwhile
+            ex.advance(EVENT_RELEASE)
+            client.released(ex)
+            released += 1
+        return released
 
     def retry(self, client: ClientConn, ex: Exchange) -> None:
         """Send ``ex`` once more, on a new connection to the same worker (its relay allowed it)."""

@@ -1,5 +1,6 @@
-"""Where a request goes, decided with no I/O: route → quota → sticky lookup → placement, giving a
-``Forward`` (the worker, the user, its surface entry, a Set-Cookie line for a new user) or a ``Refuse``
+"""Where a request goes, decided with no I/O: route → (a user being moved: hold) → quota → sticky lookup →
+placement, giving a ``Forward`` (the worker, the user, its surface entry, a Set-Cookie line for a new user), a
+``Hold`` (the user is being moved: the request waits in the front until the move ends) or a ``Refuse``
 (status, text, Retry-After). Time is passed in. It changes only the core's own books: the quota's gate and
 bucket (an admitted request is counted in flight), the surface (a new or re-placed user), the refusal counts.
 """
@@ -23,7 +24,7 @@ from elasticd.front.core.sticky import (
     user_from_cookie,
 )
 
-__all__ = ["Forward", "Refuse", "Target", "decide"]
+__all__ = ["Forward", "Hold", "Refuse", "Target", "decide"]
 
 
 class Target:
@@ -51,13 +52,26 @@ class Refuse(NamedTuple):
     retry_after: int | None
 
 
+class Hold(NamedTuple):
+    """The request's user is being moved: hold it, unforwarded, until the move ends (then decide again). Held
+    before the quota is asked: a request waiting for a move takes no concurrency slot."""
+
+    user: str
+
+
 def decide(target: Target | None, head: RequestHead, now: float, workers: Sequence[W], unroutable: Collection[str],
-           surface: Surface, place: PlaceFn, forwards: ForwardCounters) -> Forward[W] | Refuse:
+           surface: Surface, place: PlaceFn, forwards: ForwardCounters) -> Forward[W] | Hold | Refuse:
     """``workers``: the group's routable workers (reception first); ``unroutable``: those the front found
     dead since. A refusal after admission gives its quota slot back."""
     if target is None:
         host = head.host.decode("latin-1") if head.host is not None else "(none)"
         return Refuse(404, f"no app for host {host}", None)
+    if surface.moving and head.cookie is not None:
+        moving = user_from_cookie(head.cookie)
+        entry = surface.users.get(moving) if moving is not None else None
+        if entry is not None and entry.moving:
+            assert moving is not None
+            return Hold(moving)
     route, stats, quota = target.route, target.stats, target.quota
     if quota is not None:
         refusal = quota.admit(now)

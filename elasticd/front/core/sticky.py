@@ -100,9 +100,10 @@ def set_cookie_line(user: str, secure: bool) -> bytes:
 
 
 class SurfaceUser:
-    """One user on the surface. ``requests``/``seconds``: what the forward path consumed for it."""
+    """One user on the surface. ``requests``/``seconds``: what the forward path consumed for it; ``moving``:
+    a live move of it is under way (its new requests are held, not forwarded: ``Surface.flag``)."""
 
-    __slots__ = ("login", "requests", "seconds", "seen", "worker")
+    __slots__ = ("login", "moving", "requests", "seconds", "seen", "worker")
 
     def __init__(self, worker: str, seen: float) -> None:
         self.worker = worker
@@ -110,6 +111,7 @@ class SurfaceUser:
         self.seen = seen
         self.requests = 0
         self.seconds = 0.0
+        self.moving = False
 
     def __repr__(self) -> str:
         return (f"SurfaceUser(worker={self.worker!r}, login={self.login!r}, seen={self.seen}, "
@@ -119,11 +121,12 @@ class SurfaceUser:
 class Surface:
     """user id → SurfaceUser."""
 
-    __slots__ = ("ttl", "users")
+    __slots__ = ("moving", "ttl", "users")
 
     def __init__(self, ttl: float) -> None:
         self.ttl = ttl
         self.users: dict[str, SurfaceUser] = {}
+        self.moving = 0  # users flagged moving: while none is, the request path asks nothing about moves
 
     def __len__(self) -> int:
         return len(self.users)
@@ -163,12 +166,31 @@ class Surface:
         return released
 
     def forget(self, user: str) -> SurfaceUser | None:
-        return self.users.pop(user, None)
+        entry = self.users.pop(user, None)
+        if entry is not None and entry.moving:
+            self.moving -= 1
+        return entry
+
+    def flag(self, user: str) -> bool:
+        """Mark ``user`` moving (the move's FLAG): False when it is not on the surface or is moving already."""
+        entry = self.users.get(user)
+        if entry is None or entry.moving:
+            return False
+        entry.moving = True
+        self.moving += 1
+        return True
+
+    def unflag(self, user: str) -> None:
+        """The move ended (switched or aborted): the user's requests are forwarded again."""
+        entry = self.users.get(user)
+        if entry is not None and entry.moving:
+            entry.moving = False
+            self.moving -= 1
 
     def expire(self, now: float) -> list[str]:
         """Forget users idle longer than ``ttl``; returns who went (their consumption goes with them)."""
         horizon = now - self.ttl
-        gone = [user for user, entry in self.users.items() if entry.seen < horizon]
+        gone = [user for user, entry in self.users.items() if entry.seen < horizon and not entry.moving]
         for user in gone:
             del self.users[user]
         return gone
