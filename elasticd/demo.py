@@ -2,7 +2,8 @@
 
 Run as ``python -m elasticd.demo``, serving on ``ELASTIC_LISTEN`` (``unix:/path.sock`` or ``tcp:HOST:PORT``).
 Routes: ``/``, ``/cpu?ms=``, ``/mem?mb=``, ``/mem/free``, ``/sleep?ms=``, ``/fork?n=``, ``/io?mb=&path=``,
-``/echo`` (``?raw=1`` streams the body back), ``/ws`` (a WebSocket echo), ``/login?name=``, ``/logout``. It holds
+``/echo`` (``?raw=1`` streams the body back), ``/ws`` (a WebSocket echo), ``/login?name=``, ``/logout``,
+``/counter`` (this user's in-process counter as JSON: the state a live move carries). It holds
 what it takes (memory, children) until told or until it exits: a limit is only proven by something that stays.
 """
 
@@ -16,11 +17,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 from aiohttp import web
 
 from elasticd.aiohttp_grace import grace
-from elasticd.worker import setup
+from elasticd.worker import STATES_KEY, USER_HEADER, setup, user_state
 
 MAX_MS, MAX_FORK, PAGE = 600_000, 100_000, 4096
 MAX_MB = 1 << 20  # 1 TiB: the kernel, not this app, should be what says no
@@ -29,6 +31,7 @@ WORKER = os.environ.get("ELASTIC_WORKER_ID", "demo")
 _json = web.json_response
 _held: list[bytearray] = []
 _children: list[subprocess.Popen[bytes]] = []
+_counters: dict[str, dict[str, Any]] = {}
 
 
 def _int(request: web.Request, name: str, low: int, high: int) -> int:
@@ -172,12 +175,24 @@ async def logout(request: web.Request) -> web.Response:
     return web.Response(text=f"logged out of {WORKER}\n", headers={"X-Elastic-Login": "-"})
 
 
+async def counter(request: web.Request) -> web.Response:
+    """This user's in-process counter, once more: state that lives only in this worker, which a live move
+    carries (``?pad_kb=N`` also keeps N KiB of padding in it, to move a package of that size)."""
+    user = request.headers.get(USER_HEADER, "")
+    # Without the library (sensed from outside, or no channel): a plain dict of this process, never moved.
+    state = user_state(request) if STATES_KEY in request.app and user else _counters.setdefault(user, {})
+    if "pad_kb" in request.query:
+        state["pad"] = b"\0" * (_int(request, "pad_kb", 0, 64 << 10) << 10)
+    state["count"] = state.get("count", 0) + 1
+    return _json({"user": user or None, "count": state["count"], "worker": WORKER})
+
+
 def make_app() -> web.Application:
     app = web.Application()
     app.add_routes([web.get("/", index), web.get("/cpu", cpu), web.get("/mem", mem),
                     web.get("/mem/free", mem_free), web.get("/sleep", sleep), web.get("/fork", fork),
                     web.get("/io", io), web.route("*", "/echo", echo), web.get("/ws", ws), web.get("/login", login),
-                    web.get("/logout", logout)])
+                    web.get("/logout", logout), web.get("/counter", counter)])
     # The occupancy sensor and its channel (elasticd.worker), unless asked to be sensed from outside like a
     # worker in any language would be (DEMO_SENSORLESS=1).
     if os.environ.get("ELASTIC_CHANNEL") and os.environ.get("DEMO_SENSORLESS") != "1":

@@ -193,3 +193,13 @@ def test_startup_line_on_stderr(tmp_path: Path) -> None:
     _, err = worker.proc.communicate(timeout=5)
     assert worker.proc.returncode == 0
     assert f"demo worker s1 listening on unix:{tmp_path}/s.sock" in err.decode()
+
+
+def test_counter_counts_per_user_in_this_process(demo: DemoWorker) -> None:
+    alice, bob = {"X-Elastic-User-Id": "a" * 32}, {"X-Elastic-User-Id": "b" * 32}
+    assert call(demo, "/counter", headers=alice) == (200, {"user": "a" * 32, "count": 1, "worker": "w9"})
+    assert call(demo, "/counter", headers=alice)[1]["count"] == 2
+    assert call(demo, "/counter", headers=bob)[1]["count"] == 1
+    assert call(demo, "/counter?pad_kb=100", headers=bob)[1]["count"] == 2
+    assert call(demo, "/counter")[1]["user"] is None  # around the front: no user, still answered
+    assert call(demo, "/counter?pad_kb=x", headers=bob)[0] == 400

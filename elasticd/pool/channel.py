@@ -8,6 +8,11 @@ message claims) inside that worker's process tree; for a tenant with a ``user:``
 user's too. So a worker can never report for another, even one that learned its token. Then
 ``{"type": "occupancy", "report": {...}}`` lines follow; a malformed one is refused with a reason and the
 connection stays; nothing a peer sends can raise out of this module.
+
+elasticd also asks a worker things, for a live move (``request``): ``snapshot`` a user's package, ``install``
+one, ``forget`` a user. Each request carries an id, its answer names it (``package``, ``installed`` or
+``refused``), and a package travels as raw bytes after its line (``elasticd.frames``). An answer nobody waits
+for any more (its request timed out) is dropped; a connection that closes fails what was asked on it.
 """
 
 from __future__ import annotations
@@ -23,13 +28,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from elasticd.frames import MAX_LINE, FrameError, encode, payload_size
 from elasticd.pool.report import Report, ReportError, parse_report
 
-__all__ = ["MAX_LINE", "ChannelServer", "peer_credentials"]
+__all__ = ["MAX_LINE", "ChannelError", "ChannelServer", "peer_credentials"]
 
 log = logging.getLogger("elasticd.channel")
 
-MAX_LINE = 65536
+_ANSWERS = frozenset({"package", "installed", "refused"})
+
+
+class ChannelError(Exception):
+    """A request to a worker could not be answered: it has no channel connection, or it closed meanwhile."""
 _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
 
 # (worker_id, token, peer pid, peer uid) → None when accepted, else the reason for the refusal
@@ -49,7 +59,8 @@ def peer_credentials(writer: asyncio.StreamWriter) -> tuple[int, int] | None:
 
 
 class ChannelServer:
-    __slots__ = ("_authenticate", "_clock", "_connections", "_on_report", "_server", "path")
+    __slots__ = ("_authenticate", "_capabilities", "_clock", "_connections", "_next_id", "_on_report", "_pending",
+                 "_server", "path")
 
     def __init__(self, path: str, authenticate: Authenticate, on_report: Callable[[str, Report, float], None], *,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -59,6 +70,43 @@ class ChannelServer:
         self._clock = clock
         self._server: asyncio.base_events.Server | None = None
         self._connections: dict[str, asyncio.StreamWriter] = {}
+        self._capabilities: dict[str, frozenset[str]] = {}  # what each connected worker announced
+        # request id → (the worker asked, the future its answer resolves)
+        self._pending: dict[int, tuple[str, asyncio.Future[tuple[dict[str, Any], bytes | None]]]] = {}
+        self._next_id = 0
+
+    def capabilities(self, worker_id: str) -> frozenset[str]:
+        """What the worker's library announced it can do (empty while it has no channel connection)."""
+        return self._capabilities.get(worker_id, frozenset()) if worker_id in self._connections else frozenset()
+
+    async def request(self, worker_id: str, message: dict[str, Any], timeout: float,
+                      payload: bytes | None = None) -> tuple[dict[str, Any], bytes | None]:
+        """Send ``message`` (and ``payload``) to the worker and wait, at most ``timeout`` seconds, for the
+        answer that names it: (the answer, its payload). TimeoutError, or ChannelError when the worker has no
+        connection or it closed before answering."""
+        writer = self._connections.get(worker_id)
+        if writer is None or writer.is_closing():
+            raise ChannelError(f"{worker_id} has no channel connection")
+        self._next_id += 1
+        request_id = self._next_id
+        answered: asyncio.Future[tuple[dict[str, Any], bytes | None]] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = (worker_id, answered)
+        try:
+            writer.write(encode({**message, "id": request_id}, payload))
+            await asyncio.wait_for(writer.drain(), timeout)
+            return await asyncio.wait_for(answered, timeout)
+        except ConnectionError as exc:
+            raise ChannelError(f"{worker_id}'s channel closed: {exc}") from None
+        finally:
+            self._pending.pop(request_id, None)
+
+    def tell(self, worker_id: str, message: dict[str, Any]) -> bool:
+        """Send a message that has no answer (``forget``); False when the worker has no connection."""
+        writer = self._connections.get(worker_id)
+        if writer is None or writer.is_closing():
+            return False
+        _send_nowait(writer, message)
+        return True
 
     async def start(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -87,7 +135,13 @@ class ChannelServer:
                 message = await self._read(reader, writer)
                 if message is None:
                     return
-                self._dispatch(worker_id, message, writer)
+                try:
+                    size = payload_size(message)
+                except FrameError as exc:
+                    await _send(writer, {"type": "error", "reason": f"{exc}: closing"})
+                    return
+                payload = await reader.readexactly(size) if size is not None else None
+                self._dispatch(worker_id, message, payload, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except Exception:  # a peer must never take the daemon down; this is a bug of ours, so say so loudly
@@ -95,6 +149,10 @@ class ChannelServer:
         finally:
             if worker_id is not None and self._connections.get(worker_id) is writer:
                 del self._connections[worker_id]
+                self._capabilities.pop(worker_id, None)
+                for asked, answered in list(self._pending.values()):
+                    if asked == worker_id and not answered.done():
+                        answered.set_exception(ChannelError(f"{worker_id}'s channel closed before it answered"))
             writer.close()
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> dict[str, Any] | None:
@@ -140,13 +198,20 @@ class ChannelServer:
         if previous is not None and previous is not writer:
             previous.close()  # a worker reconnecting replaces its old connection
         self._connections[worker_id] = writer
+        announced = message.get("capabilities")
+        self._capabilities[worker_id] = frozenset(c for c in announced if isinstance(c, str)) \
+            if isinstance(announced, list) else frozenset()
         await _send(writer, {"type": "ok"})
         log.info("channel: worker %s announced (pid %s, capabilities %s)", worker_id, pid,
                  message.get("capabilities"))
         return worker_id
 
-    def _dispatch(self, worker_id: str, message: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+    def _dispatch(self, worker_id: str, message: dict[str, Any], payload: bytes | None,
+                  writer: asyncio.StreamWriter) -> None:
         kind = message.get("type")
+        if kind in _ANSWERS:
+            self._answered(worker_id, message, payload)
+            return
         if kind != "occupancy":
             _send_nowait(writer, {"type": "error", "reason": f"unknown message type {kind!r}"})
             return
@@ -160,6 +225,17 @@ class ChannelServer:
             self._on_report(worker_id, report, self._clock())
         except Exception:  # a bug of ours in the pool must not cut the channel (it would reconnect, and fail again)
             log.exception("channel: the pool failed on a report of %s", worker_id)
+
+
+    def _answered(self, worker_id: str, message: dict[str, Any], payload: bytes | None) -> None:
+        request_id = message.get("id")
+        pending = self._pending.get(request_id) if isinstance(request_id, int) else None
+        if pending is None or pending[0] != worker_id:  # timed out already, or not asked of this worker
+            log.info("channel: %s answered request %r, which nobody waits for", worker_id, message.get("id"))
+            return
+        answered = pending[1]
+        if not answered.done():
+            answered.set_result((message, payload))
 
 
 def _send_nowait(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:

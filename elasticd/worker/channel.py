@@ -5,15 +5,16 @@ loop: a handler that holds the loop (a synchronous, CPU-bound view) would otherw
 elasticd would take the busiest worker there is for a hung one. The loop's health is reported instead, as the
 report's ``loop_lag`` (see ``heartbeat``), so a busy loop and a wedged one are told apart.
 
-Newline-delimited JSON over the Unix socket: one object per line, easy to read in any language and to
-refuse line by line. If elasticd is not there (restarting), the client retries with a capped backoff; a
-report is never queued for later (an old reading is confidently wrong, a missing one merely imprecise).
+Newline-delimited JSON over the Unix socket (``elasticd.frames``): one object per line, easy to read in any
+language and to refuse line by line; a live move's package follows its line as raw bytes. If elasticd is not
+there (restarting), the client retries with a capped backoff; a report is never queued for later (an old
+reading is confidently wrong, a missing one merely imprecise). elasticd's move requests (snapshot, install,
+forget) are handed to the ``MoveHandler``'s own thread, which answers on the same socket.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -22,21 +23,23 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from elasticd.frames import MAX_LINE, FrameReader, encode
+from elasticd.worker.moves import MOVE_REQUESTS, MoveHandler
+
 __all__ = ["MAX_LINE", "ChannelClient"]
 
 log = logging.getLogger("elasticd.worker.channel")
-
-CAPABILITIES = ["occupancy"]
-MAX_LINE = 65536  # as elasticd's side: a longer line from it is a broken stream
 _FIRST_DELAY = 0.1  # the backoff's first retry; it doubles up to the interval
 _ANNOUNCE_TIMEOUT = 1.0  # at least this long for elasticd to answer the announce
 
 
 class ChannelClient:
-    __slots__ = ("_lock", "_report", "_sock", "_stop", "_thread", "interval", "path", "token", "worker_id")
+    __slots__ = ("_lock", "_moves", "_report", "_send_lock", "_sock", "_stop", "_thread", "interval", "path",
+                 "token", "worker_id")
 
     def __init__(self, report: Callable[[float], dict[str, Any]], *, path: str | None = None,
-                 worker_id: str | None = None, token: str | None = None, interval: float | None = None) -> None:
+                 worker_id: str | None = None, token: str | None = None, interval: float | None = None,
+                 moves: MoveHandler | None = None) -> None:
         channel = path or os.environ.get("ELASTIC_CHANNEL", "")
         self.path = channel.removeprefix("unix:")
         self.worker_id = worker_id or os.environ.get("ELASTIC_WORKER_ID", "")
@@ -45,12 +48,18 @@ class ChannelClient:
         self._report = report
         self._stop = threading.Event()
         self._lock = threading.Lock()  # guards _sock: stop() shuts it down to wake the thread
+        self._send_lock = threading.Lock()  # the report thread and the move thread both write to the socket
+        self._moves = moves  # None: the worker has no state a move could carry (moved by re-pointing only)
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
 
     @property
     def configured(self) -> bool:
         return bool(self.path and self.worker_id and self.token)
+
+    @property
+    def capabilities(self) -> list[str]:
+        return ["occupancy", "snapshot", "install"] if self._moves is not None else ["occupancy"]
 
     @property
     def running(self) -> bool:
@@ -68,6 +77,8 @@ class ChannelClient:
     def stop(self, timeout: float = 0.5) -> None:
         """Signal the thread, wake it from any wait and join it (at most ``timeout``: it is a daemon thread)."""
         self._stop.set()
+        if self._moves is not None:
+            self._moves.stop()
         with self._lock:
             if self._sock is not None:
                 with contextlib.suppress(OSError):
@@ -103,8 +114,8 @@ class ChannelClient:
                 break
             delay = min(delay * 2, self.interval)
 
-    def _connect(self, stop: threading.Event) -> tuple[socket.socket, bytearray]:
-        """A connection whose announce was accepted, and what was read past the answer."""
+    def _connect(self, stop: threading.Event) -> tuple[socket.socket, FrameReader]:
+        """A connection whose announce was accepted, and its reader (holding what came past the answer)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(_ANNOUNCE_TIMEOUT)  # stop() cannot wake a connect: keep it short
@@ -113,39 +124,55 @@ class ChannelClient:
                 if stop.is_set():
                     raise ConnectionAbortedError("stopping")
                 self._sock = sock
-            _send(sock, {"type": "announce", "worker": self.worker_id, "token": self.token, "pid": os.getpid(),
-                         "capabilities": CAPABILITIES})
-            buffer = bytearray()
+            self._send(sock, {"type": "announce", "worker": self.worker_id, "token": self.token,
+                              "pid": os.getpid(), "capabilities": self.capabilities})
+            reader = FrameReader()
             deadline = time.monotonic() + max(self.interval, _ANNOUNCE_TIMEOUT)
-            lines: list[bytes] = []
-            while not lines:
+            messages: list[tuple[dict[str, Any], bytes | None]] = []
+            while not messages:
                 if time.monotonic() >= deadline:
                     raise TimeoutError("no answer to the announce")
-                lines = _receive(sock, buffer, deadline)
-            reply = json.loads(lines[0])
-            if not isinstance(reply, dict) or reply.get("type") != "ok":
-                reason = reply.get("reason", reply) if isinstance(reply, dict) else reply
-                raise ValueError(f"announce refused: {reason}")
-            for line in lines[1:]:
-                _handle(line)
-            return sock, buffer
+                messages = _receive(sock, reader, deadline)
+            reply = messages[0][0]
+            if reply.get("type") != "ok":
+                raise ValueError(f"announce refused: {reply.get('reason', reply)}")
+            for message, payload in messages[1:]:
+                self._handle(sock, message, payload)
+            return sock, reader
         except BaseException:
             self._close(sock)
             raise
 
-    def _push(self, sock: socket.socket, buffer: bytearray, stop: threading.Event) -> None:
+    def _push(self, sock: socket.socket, reader: FrameReader, stop: threading.Event) -> None:
         """A report now and then every interval at a fixed rate, reading elasticd's lines in between."""
         due = time.monotonic()
         while not stop.is_set():
             sock.settimeout(self.interval)  # a daemon that reads nothing must not hold the thread forever
-            _send(sock, {"type": "occupancy", "report": self._report(time.monotonic())})
+            self._send(sock, {"type": "occupancy", "report": self._report(time.monotonic())})
             due += self.interval
             now = time.monotonic()
             if due <= now:  # late (the report or the send took an interval): skip the tick, never catch up
                 due = now + self.interval
             while not stop.is_set() and time.monotonic() < due:
-                for line in _receive(sock, buffer, due):
-                    _handle(line)
+                for message, payload in _receive(sock, reader, due):
+                    self._handle(sock, message, payload)
+
+    def _send(self, sock: socket.socket, message: dict[str, Any], payload: bytes | None = None) -> None:
+        data = encode(message, payload)
+        with self._send_lock:
+            sock.sendall(data)
+
+    def _handle(self, sock: socket.socket, message: dict[str, Any], payload: bytes | None) -> None:
+        kind = message.get("type")
+        if kind == "error":
+            log.warning("elasticd refused a message: %s", message.get("reason"))
+        elif kind in MOVE_REQUESTS and self._moves is not None:
+            # Answered on this connection: if it is gone by then, elasticd's side has timed the request out.
+            self._moves.submit(message, payload, lambda answer, data: self._send(sock, answer, data))
+        elif kind in MOVE_REQUESTS:
+            self._send(sock, {"type": "refused", "id": message.get("id"), "reason": "no state to move here"})
+        else:
+            log.warning("elasticd sent a message this library does not know: %r", kind)
 
     def _close(self, sock: socket.socket) -> None:
         with self._lock:
@@ -154,31 +181,18 @@ class ChannelClient:
         sock.close()
 
 
-def _send(sock: socket.socket, message: dict[str, Any]) -> None:
-    sock.sendall(json.dumps(message, separators=(",", ":")).encode() + b"\n")
 
-
-def _receive(sock: socket.socket, buffer: bytearray, deadline: float) -> list[bytes]:
-    """The whole lines that arrived by ``deadline`` in one read (maybe none); the rest stays in ``buffer``."""
+def _receive(sock: socket.socket, reader: FrameReader, deadline: float) -> list[tuple[dict[str, Any], bytes | None]]:
+    """The whole messages that arrived by ``deadline`` in one read (maybe none); the rest stays in ``reader``.
+    A stream that cannot be framed raises (FrameError is a ValueError: the connection is made again)."""
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         return []
     sock.settimeout(remaining)
     try:
-        data = sock.recv(65536)
+        data = sock.recv(1 << 20)
     except TimeoutError:
         return []
     if not data:
         raise ConnectionResetError("elasticd closed the channel")
-    buffer += data
-    *lines, rest = buffer.split(b"\n")
-    if len(rest) > MAX_LINE:
-        raise ValueError(f"a line from elasticd longer than {MAX_LINE} bytes")
-    buffer[:] = rest
-    return [bytes(line) for line in lines if line.strip()]
-
-
-def _handle(line: bytes) -> None:
-    message = json.loads(line)
-    if isinstance(message, dict) and message.get("type") == "error":
-        log.warning("elasticd refused a message: %s", message.get("reason"))
+    return reader.feed(data)
