@@ -51,7 +51,7 @@ _LINGER: Final = 2.0  # seconds a closing connection still reads (and drops) wha
 
 
 class ClientConn(asyncio.Protocol):
-    __slots__ = ("active_at", "clock", "front", "peer", "relay", "transport")
+    __slots__ = ("active_at", "clock", "front", "peer", "relay", "transport", "tunnel_user")
 
     def __init__(self, front: FrontSide) -> None:
         self.front = front
@@ -60,6 +60,7 @@ class ClientConn(asyncio.Protocol):
         self.relay = ClientRelay(front.max_header_bytes)
         self.peer: bytes | None = None
         self.active_at = front.clock()
+        self.tunnel_user: str | None = None  # whose WebSocket tunnel this connection carries, while it does
 
     # ------------------------------------------------------------------ asyncio
 
@@ -254,6 +255,7 @@ class ClientConn(asyncio.Protocol):
         if tail:
             self.write(tail)
         self.front.settle(ex, 101, EVENT_UPGRADE)
+        self.tunnel_user = ex.user  # a user with a tunnel open is not moved while it is (moving would cut it)
         relay = self.relay
         data = relay.upgraded(ex, conn)
         if data:
@@ -263,6 +265,7 @@ class ClientConn(asyncio.Protocol):
 
     def tunnel_closed(self) -> None:
         self.relay.tunnel = None
+        self.tunnel_user = None
         if self.transport is not None:
             self.transport.close()
 

@@ -169,6 +169,14 @@ class Front:
                 counts[worker] = counts.get(worker, 0) + 1
         return counts
 
+    def tunnels_of(self, user: str) -> int:
+        """The user's open WebSocket tunnels (a live move waits until there are none: moving would cut them)."""
+        return sum(1 for conn in list(self.conns) if conn.tunnel_user == user and conn.tunnel is not None)
+
+    def open_requests_of(self, user: str) -> int:
+        """The user's requests in flight, from the open-requests dict (what a live move quiesces on)."""
+        return len(self.forwards.open_of(user))
+
     def forget_worker(self, worker_id: str) -> None:
         """A worker gone for good (retired, removed): its forward counters end with it."""
         self.close_upstream(worker_id)

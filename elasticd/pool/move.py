@@ -276,6 +276,9 @@ class MoveBook:
     def get(self, move_id: int) -> Move | None:
         return self._by_id.get(move_id)
 
+    def moves(self) -> list[Move]:
+        return list(self._by_user.values())
+
     def involving(self, worker: str) -> list[Move]:
         """The moves from or to ``worker``."""
         return [m for m in self._by_user.values() if worker in (m.source, m.target)]

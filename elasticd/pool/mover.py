@@ -1,0 +1,175 @@
+"""The shell that carries out live moves (pool/move.py decides each step): it flags the user on the front's
+surface, waits for the quiesce, asks the source for the package and the target to install it over the
+channel, and re-points the user and releases its held requests — or, when anything fails, leaves the user
+where it was and releases them there.
+
+One task per move; a move is also ended from outside when one of its workers dies (``worker_died``: the
+supervisor saw it exit). Whichever ends it carries out its end (``_finish``), once: the other sees the move
+over and stops. Every move that ends is journaled (``move`` or ``move-aborted``) and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from elasticd.pool.move import ASK_SNAPSHOT, RELEASE, REPLACE, SEND_INSTALL, SWITCH, Move, MoveBook, MoveSummary, Step
+
+__all__ = ["MoveChannel", "MoveFront", "MoveSurface", "Mover"]
+
+log = logging.getLogger("elasticd.pool")
+
+_QUIESCE_POLL = 0.005  # seconds between two looks at the user's open requests while quiescing
+
+
+class MoveSurface(Protocol):
+    def flag(self, user: str) -> bool: ...
+    def unflag(self, user: str) -> None: ...
+    def assign(self, user: str, worker: str, now: float) -> Any: ...
+    def get(self, user: str) -> Any: ...
+
+
+class MoveFront(Protocol):
+    """What a move needs of the front: its surface, the user's open requests and tunnels, the release."""
+
+    @property
+    def surface(self) -> MoveSurface: ...
+    def open_requests_of(self, user: str) -> int: ...
+    def tunnels_of(self, user: str) -> int: ...
+    def release(self, user: str) -> int: ...
+
+
+class MoveChannel(Protocol):
+    def capabilities(self, worker_id: str) -> frozenset[str]: ...
+    async def request(self, worker_id: str, message: dict[str, Any], timeout: float,
+                      payload: bytes | None = None) -> tuple[dict[str, Any], bytes | None]: ...
+    def tell(self, worker_id: str, message: dict[str, Any]) -> bool: ...
+
+
+class Mover:
+    __slots__ = ("_channel", "_clock", "_front", "_on_end", "book")
+
+    def __init__(self, front: MoveFront, channel: MoveChannel, *,
+                 on_end: Callable[[Move, MoveSummary], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._front = front
+        self._channel = channel
+        self._on_end = on_end  # the journal and the metrics
+        self._clock = clock
+        self.book = MoveBook()
+
+    def stateful(self, source: str, target: str) -> bool:
+        """Both workers run the library's move support: the user's state goes with it."""
+        wanted = {"snapshot", "install"}
+        return wanted <= self._channel.capabilities(source) and wanted <= self._channel.capabilities(target)
+
+    async def move(self, user: str, source: str, target: str, timeout: float) -> Move | str:
+        """Move ``user`` from ``source`` to ``target``; the move once it ended (``outcome`` says how), or why it
+        could not begin."""
+        if self._front.surface.get(user) is None:
+            return f"{user} is not on the surface"
+        began = self.book.begin(user, source, target, self._clock(), timeout,
+                                stateful=self.stateful(source, target))
+        if isinstance(began, str):
+            return began
+        move = began
+        self._front.surface.flag(user)  # FLAG: from here its new requests are held
+        try:
+            await self._run(move)
+        except asyncio.CancelledError:
+            self._finish(move, move.abort(RuntimeError("the move was cancelled (elasticd is stopping)"),
+                                          self._clock()))
+            raise
+        except Exception as exc:  # a bug of ours: fail closed, the user stays where it was
+            log.exception("pool: the move of %s from %s to %s failed", user, source, target)
+            self._finish(move, move.abort(exc, self._clock()))
+        return move
+
+    def worker_died(self, worker_id: str) -> None:
+        """A worker exited: the moves from or to it end now (the source's users are placed anew)."""
+        for move in self.book.involving(worker_id):
+            self._finish(move, move.worker_died(worker_id, self._clock()))
+
+    def abort_all(self, why: str) -> None:
+        for move in self.book.moves():
+            self._finish(move, move.abort(RuntimeError(why), self._clock()))
+
+    # ------------------------------------------------------------------ the steps
+
+    async def _run(self, move: Move) -> None:
+        front = self._front
+        while not move.over:
+            now = self._clock()
+            remaining = move.deadline - now
+            if move.step is Step.QUIESCING:
+                if front.open_requests_of(move.user) == 0 and front.tunnels_of(move.user) == 0:
+                    effects = move.quiesced(now)
+                else:
+                    effects = move.tick(now)
+                    if not effects:
+                        await asyncio.sleep(min(_QUIESCE_POLL, max(remaining, 0.0)))
+                        continue
+            elif move.step is Step.SNAPSHOTTING:
+                effects = await self._ask(move, move.source, {"type": "snapshot", "user": move.user}, remaining,
+                                          None, "package")
+            elif move.step is Step.INSTALLING:
+                effects = await self._ask(move, move.target, {"type": "install", "user": move.user}, remaining,
+                                          move.sent(), "installed")
+            else:  # pragma: no cover - over: the loop ends
+                return
+            if effects & ASK_SNAPSHOT or effects & SEND_INSTALL:
+                continue  # the next step is the next turn of the loop
+            if effects:
+                self._finish(move, effects)
+
+    async def _ask(self, move: Move, worker: str, message: dict[str, Any], remaining: float, payload: bytes | None,
+                   expected: str) -> int:
+        """One request of the move's; its answer as the move's next input (or its abort)."""
+        try:
+            answer, data = await self._channel.request(worker, message, max(remaining, 0.001), payload)
+        except TimeoutError:
+            return move.tick(max(self._clock(), move.deadline)) if not move.over else 0
+        except Exception as exc:  # the worker has no channel (any more): it cannot carry this step
+            return move.refused(f"{worker}: {exc}", self._clock()) if not move.over else 0
+        if move.over:
+            return 0  # ended meanwhile (a worker died): this answer comes too late
+        now = self._clock()
+        if answer.get("type") != expected:
+            return move.refused(f"{worker}: {answer.get('reason') or answer}", now)
+        if expected == "package":
+            return move.snapshot(data or b"", now)
+        return move.installed(now)
+
+    def _finish(self, move: Move, effects: int) -> None:
+        """Carry out how the move ended: re-point the user (a switch) or place it anew (its source died), then
+        release its held requests and forget the move."""
+        if not effects & RELEASE:
+            return
+        surface, now = self._front.surface, self._clock()
+        if effects & SWITCH:
+            surface.assign(move.user, move.target, now)
+            if move.stateful:  # the old worker's copy of the state is nobody's now
+                self._channel.tell(move.source, {"type": "forget", "user": move.user})
+        elif effects & REPLACE:
+            entry = surface.get(move.user)
+            if entry is not None:
+                entry.worker = ""  # placed anew at its next request, as after any worker's death
+        released = self._front.release(move.user)
+        self.book.end(move)
+        summary = move.summary()
+        if summary.outcome.value == "moved":
+            log.info("pool: moved %s from %s to %s in %.1f ms (package %s, %d held requests released)",
+                     move.user, move.source, move.target, summary.seconds * 1000,
+                     "none" if summary.package_bytes is None else f"{summary.package_bytes} bytes", released)
+        else:
+            log.warning("pool: the move of %s from %s to %s aborted (%s): %s; %d held requests released to %s",
+                        move.user, move.source, move.target, summary.outcome.value, summary.why, released,
+                        move.release_to or "a new placement")
+        if self._on_end is not None:
+            try:
+                self._on_end(move, summary)
+            except Exception:  # the journal or metrics must not undo a move that is done
+                log.exception("pool: recording the end of a move failed")
