@@ -484,3 +484,11 @@ def test_root_refusal_table(mode, uid, gid, refused):
     mine = Tenant("acme", Resources(), Quotas(), {}, RunAs("acme", 1001, "acme", 0, "/"))
     found = root_refusal("/srv/acme", st, mine, {2001: "globex"})
     assert (found is None) if refused is None else (refused in found)
+
+
+def test_move_timeout_defaults_to_10s_and_must_be_positive():
+    assert parse_config("").server.move_timeout == 10.0
+    assert parse_config("server: {move_timeout: 250ms}").server.move_timeout == 0.25
+    with pytest.raises(ConfigError) as info:
+        parse_config("server:\n  move_timeout: 0s\n")
+    assert str(info.value) == 'server.move_timeout (line 2): "0s" must be longer than 0'

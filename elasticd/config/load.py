@@ -64,7 +64,7 @@ _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 _SERVER_KEYS = ("listen", "metrics_listen", "admin_socket", "admin_group", "runtime_dir", "cgroups",
                 "sample_interval", "occupancy_interval", "request_timeout", "stop_timeout", "user_ttl",
-                "hung_after")
+                "hung_after", "move_timeout")
 _TENANT_KEYS = ("user", "group", "resources", "quotas", "apps")
 _RESOURCE_KEYS = ("cpu", "memory", "swap", "pids", "io_weight", "io_bandwidth")
 _QUOTA_KEYS = ("max_concurrent_requests", "requests_per_second", "burst")
@@ -105,6 +105,7 @@ def _server(walk: Walk, node: Any, line: int | None) -> Server:
         stop_timeout=walk.value(m, "stop_timeout", "server", duration, d.stop_timeout),
         user_ttl=walk.value(m, "user_ttl", "server", duration, d.user_ttl),
         hung_after=hung_after,
+        move_timeout=walk.value(m, "move_timeout", "server", duration, d.move_timeout),
     )
 
 

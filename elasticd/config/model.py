@@ -42,6 +42,7 @@ class Server:
     stop_timeout: float = 10.0
     user_ttl: float = 1800.0
     hung_after: float = 30.0  # silent AND making no progress this long = hung (never under 3 intervals)
+    move_timeout: float = 10.0  # a live move's hard deadline: a moving user's requests are held at most this
 
 
 @dataclass(frozen=True, slots=True)
