@@ -242,6 +242,8 @@ def render_pool(data: dict[str, Any]) -> str:
             rows.append([w["id"], str(w["pid"] or "-"), w["state"], role, f"{w['occupancy']:.2f}", parts or "-",
                          rps, str(len(w["users"])), "channel" if w["announced"] else "sensed"])
         out.append(table(["WORKER", "PID", "STATE", "ROLE", "OCC", "COMPONENTS", "RPS", "USERS", "SENSOR"], rows))
+        for m in group.get("moves", []):
+            out.append(f"moving {m['user']} from {m['from']} to {m['to']}: {m['step']} for {m['seconds']:.1f}s")
         if group["decisions"]:
             out.append("last decisions:")
             for d in group["decisions"][-10:]:
@@ -264,6 +266,26 @@ async def _pool(client: AdminClient, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _drain(client: AdminClient, args: argparse.Namespace) -> int:
+    code, data = await client.request("POST", f"/v1/workers/{args.worker}/drain")
+    if code != 200:
+        print(f"drain: {data.get('error') or f'HTTP {code}'}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(data, indent=2))
+    moved = data["moved"]
+    if data["empty"]:
+        if not args.json:
+            print(f"{args.worker}: {len(moved)} user{'s' if len(moved) != 1 else ''} moved off; retired")
+        return 0
+    for user, why in data["failed"]:
+        print(f"drain: {user} could not be moved: {why}", file=sys.stderr)
+    if data["left"]:
+        print(f"drain: not tried after it: {', '.join(data['left'])}", file=sys.stderr)
+    print(f"drain: {args.worker} is kept ({len(moved)} moved before the failure)", file=sys.stderr)
+    return 1
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elasticctl", description="Control a running elasticd.")
     p.add_argument("--socket", default=os.environ.get("ELASTIC_ADMIN_SOCKET", DEFAULT_SOCKET),
@@ -281,6 +303,11 @@ def parser() -> argparse.ArgumentParser:
     pool.add_argument("target", metavar="TENANT/APP")
     pool.add_argument("--json", action="store_true")
     pool.set_defaults(run=_pool)
+    drain = sub.add_parser("drain", help="take a worker out: no new users, every user moved off (with its state), "
+                                         "then retired")
+    drain.add_argument("worker", metavar="WORKER_ID", help="tenant.app.group.N, as elasticctl pool shows it")
+    drain.add_argument("--json", action="store_true")
+    drain.set_defaults(run=_drain)
     return p
 
 

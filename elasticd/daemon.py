@@ -45,6 +45,7 @@ from elasticd.pool.budget import CPU_SAMPLES, UNLIMITED, Budget, budget_of, enfo
 from elasticd.pool.channel import ChannelServer
 from elasticd.pool.evaluator import SMOOTHING_ROWS
 from elasticd.pool.manager import PoolManager
+from elasticd.pool.mover import Mover
 from elasticd.pool.pool_metrics import PoolCollector
 from elasticd.pool.sensing import in_process_tree
 from elasticd.supervisor.supervisor import Supervisor
@@ -86,6 +87,7 @@ class Daemon:
         "last_reload",
         "limits",
         "metrics",
+        "mover",
         "notifier",
         "pool",
         "sampler",
@@ -103,17 +105,22 @@ class Daemon:
                                      occupancy_interval=server.occupancy_interval)
         self.supervisor.on_worker_state = self._on_worker_state
         self.front = Front(server.listen, RouteTable.from_config(config), self._upstreams,
-                           quotas=_quotas(config), request_timeout=server.request_timeout, user_ttl=server.user_ttl)
+                           quotas=_quotas(config), request_timeout=server.request_timeout, user_ttl=server.user_ttl,
+                           move_timeout=server.move_timeout)
         self.limits = RuntimeLimits(lambda: self.config, config_path,
                                     lambda t: self.cgroups.write_tenant(self.config, t, self.limits.resources_of(t)),
                                     self.reload)
         self.pool = PoolManager(self.supervisor, self.front.surface, self.front.forwards,
                                 interval=server.occupancy_interval, hung_after=server.hung_after,
-                                budget=self._budget, tunnels=self.front.tunnels_by_worker)
+                                budget=self._budget, tunnels=self.front.tunnels_by_worker,
+                                user_tunnels=self.front.tunnels_of)
         self.front.on_login = self.pool.on_login
         self.supervisor.drain = lambda workers, timeout: self.pool.wait_drained([w.id for w in workers], timeout)
         self.channel = ChannelServer(os.path.join(server.runtime_dir, "channel.sock"), self._authenticate,
                                      self.pool.on_report)
+        # Live moves: compaction and `elasticctl drain` carry each user's state to its next worker.
+        self.mover = Mover(self.front, self.channel, on_end=self.pool.record_move)
+        self.pool.mover = self.mover
         self.sampler = Sampler()
         self.metrics = MetricsServer(server.metrics_listen, self.sampler, self._limits_in_force,
                                      extra_collectors=[self.front.collector(), PoolCollector(self.pool)])
@@ -186,6 +193,7 @@ class Daemon:
             # The pooled connections point at a process that is gone; a restarted one gets fresh ones, and
             # a fresh window: its readings described another process.
             self.pool.forget_worker(worker.id)
+            self.mover.worker_died(worker.id)  # a move from it places its user anew; one to it aborts
             if worker.state == "stopped":  # gone for good (a restart keeps its id and socket path)
                 self._upstream_of.pop(worker.id, None)
                 self.front.forget_worker(worker.id)  # its connections and its forward counters
@@ -203,7 +211,8 @@ class Daemon:
         # Routes first: a removed app stops receiving traffic before its workers are stopped.
         self.front.set_routes(RouteTable.from_config(config))
         self.front.set_quotas(_quotas(config))
-        self.front.configure(request_timeout=config.server.request_timeout, user_ttl=config.server.user_ttl)
+        self.front.configure(request_timeout=config.server.request_timeout, user_ttl=config.server.user_ttl,
+                             move_timeout=config.server.move_timeout)
         self.pool.apply(config)
         # The budget reads rates over two sampler intervals and memory events over one smoothing window.
         server = config.server
@@ -269,6 +278,12 @@ class Daemon:
 
     async def set_limits(self, tenant: str, body: Any) -> LimitsReply:
         return await self.limits.set(tenant, body)
+
+    async def drain(self, worker_id: str) -> dict[str, Any]:
+        """POST /v1/workers/{worker}/drain: KeyError for no such worker, ValueError when it is draining."""
+        result = await self.pool.drain(worker_id)
+        return {"worker": worker_id, "empty": result.empty, "moved": result.moved,
+                "failed": [list(failure) for failure in result.failed], "left": result.left}
 
     def pool_state(self, tenant: str, app: str) -> dict[str, Any]:
         """GET /v1/apps/{tenant}/{app}/pool; LookupError for an app that is not configured."""
@@ -385,6 +400,7 @@ class Daemon:
         # What may still start or stop workers goes first: activations, reloads, the pool's retires.
         self.supervisor.stopping = True
         self.pool.stop()
+        self.mover.abort_all("elasticd is stopping")  # each user stays where it is, its held requests go there
         await self._tasks.settle()
         await self.notifier.stop_watchdog()
         await self.front.stop(self.config.server.stop_timeout)

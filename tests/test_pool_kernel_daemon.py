@@ -171,12 +171,15 @@ def test_a_websocket_keeps_its_worker_through_a_compaction(daemons, tmp_path):
                 seen.append((await ws.receive(timeout=10)).data)
             group = await asyncio.to_thread(d.pool)
             assert f"{KEY}.2" in _running(group) and group["decision_counts"].get("retire") is None, group
+            assert group["decision_counts"].get("move") is None, group  # alice is not moved while it is open
         return seen
 
     seen = asyncio.run(scenario())
+    closed = time.time()
     assert seen == [f"{KEY}.2: hello", *(f"{KEY}.2: still {i}" for i in range(6))]
     retired = d.wait_pool(lambda g: len(g["workers"]) == 1, 15, "worker 2 retired once its tunnel closed")
     retire = next(x for x in retired["decisions"] if x["decision"] == "retire")
     assert retire["worker"] == f"{KEY}.2" and retire["reason"] == "drained: nothing open on it"
-    assert retire["numbers"]["waited_seconds"] >= 3.0
+    move = next(x for x in retired["decisions"] if x["decision"] == "move")  # alice, once its tunnel closed
+    assert move["worker"] == f"{KEY}.2" and move["at"] >= closed - 0.5, (move, closed)
     assert f"worker {KEY}.1 " in browse(d, "/", cookie)[1]  # alice was moved to the survivor

@@ -42,6 +42,7 @@ class Control(Protocol):
     async def set_limits(self, tenant: str, body: Any) -> LimitsOutcome: ...
     async def usage(self, interval_ms: int, apps: bool) -> dict[str, Any]: ...
     def pool_state(self, tenant: str, app: str) -> dict[str, Any]: ...
+    async def drain(self, worker_id: str) -> dict[str, Any]: ...
 
 
 class SocketInUse(RuntimeError):
@@ -65,6 +66,7 @@ class AdminApi:
         app.router.add_get("/v1/tenants/usage", self._usage)
         app.router.add_post("/v1/tenants/{tenant}/limits", self._set_limits)
         app.router.add_get("/v1/apps/{tenant}/{app}/pool", self._pool)
+        app.router.add_post("/v1/workers/{worker}/drain", self._drain)
         return app
 
     async def start(self) -> None:
@@ -119,6 +121,17 @@ class AdminApi:
                                                               request.match_info["app"]))
         except LookupError as exc:
             return web.json_response({"error": str(exc)}, status=404)
+
+    async def _drain(self, request: web.Request) -> web.Response:
+        """Answers once the worker is empty and retired (200, ``empty``), or kept after a move failed (200,
+        ``failed``): the moves take up to ``move_timeout`` each."""
+        worker = request.match_info["worker"]
+        try:
+            return web.json_response(await self._control.drain(worker))
+        except KeyError:
+            return web.json_response({"error": f"no worker {worker}"}, status=404)
+        except (ValueError, TimeoutError) as exc:
+            return web.json_response({"error": str(exc)}, status=409)
 
     async def _set_limits(self, request: web.Request) -> web.Response:
         try:

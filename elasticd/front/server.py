@@ -108,7 +108,8 @@ class Front:
         self._targets.clear()
         self.forwards.retain_tenants(set(quotas))
 
-    def configure(self, *, request_timeout: float, user_ttl: float) -> None:
+    def configure(self, *, request_timeout: float, user_ttl: float, move_timeout: float = 10.0) -> None:
+        self.move_timeout = move_timeout
         self.request_timeout = request_timeout
         self.stale_after = request_timeout + STALE_MARGIN
         self.surface.ttl = user_ttl

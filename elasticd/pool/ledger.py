@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from elasticd.config.model import PoolSettings
 from elasticd.pool.policy import PoolDecision, WorkerView, check_capacity
 
-__all__ = ["Compaction", "Ledger", "ledger", "plan_compaction"]
+__all__ = ["Compaction", "Ledger", "ledger", "plan_compaction", "plan_evacuation"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,3 +97,22 @@ def _admit_projected(survivors: Sequence[WorkerView], projected: Mapping[str, fl
         return only if projected[only] + load < pool.reception_threshold else None
     candidates = [w.id for w in survivors[1:] if projected[w.id] + load < pool.admission_threshold]
     return min(candidates, key=lambda wid: projected[wid]) if candidates else None
+
+
+def plan_evacuation(worker: str, survivors: Sequence[WorkerView], loads: Mapping[str, float],
+                    users: Sequence[str]) -> list[tuple[str, str]]:
+    """Where each of ``users`` goes when an operator empties ``worker`` (``elasticctl drain``): idle users
+    first (they move fastest, and a failure then leaves the busy ones where they are), each to the survivor
+    least occupied as projected after the moves before it. ``survivors``: routable, the reception first; it
+    takes users only when it is the only one. No threshold is asked: the operator takes the worker out."""
+    outer = [w for w in survivors if w.id != worker][1:] or [w for w in survivors if w.id != worker]
+    if not outer:
+        return []
+    projected = {w.id: w.occupancy for w in outer}
+    plan: list[tuple[str, str]] = []
+    for user in sorted(users, key=lambda u: (loads.get(u, 0.0), u)):
+        target = min(projected, key=lambda wid: (projected[wid], wid))
+        projected[target] += loads.get(user, 0.0)
+        plan.append((user, target))
+    return plan
+

@@ -29,6 +29,7 @@ from elasticd.background import Background
 from elasticd.config.model import Config, PoolSettings, Server
 from elasticd.pool.budget import UNLIMITED, Budget, holds
 from elasticd.pool.drain import drain_verdict
+from elasticd.pool.evacuate import Evacuation, PoolMover, evacuate
 from elasticd.pool.evaluator import (
     SMOOTHING_ROWS,
     Forward,
@@ -40,8 +41,9 @@ from elasticd.pool.evaluator import (
     rates_of,
 )
 from elasticd.pool.journal import Journal
-from elasticd.pool.ledger import ledger, plan_compaction
+from elasticd.pool.ledger import ledger, plan_compaction, plan_evacuation
 from elasticd.pool.liveness import Progress, observe, reporting, verdict
+from elasticd.pool.move import Move, MoveSummary, Outcome
 from elasticd.pool.policy import PoolDecision, WorkerView, check_capacity, next_hold, place_login
 from elasticd.pool.ports import GroupKey, PoolForwards, PoolSupervisor, PoolSurface
 from elasticd.pool.report import Report
@@ -96,16 +98,20 @@ class PoolManager:
         "_tasks",
         "_tree_cpu",
         "_tunnels",
+        "_user_tunnels",
         "_wall",
         "changes",
         "hung_after",
         "interval",
+        "move_timeout",
+        "mover",
     )
 
     def __init__(self, supervisor: PoolSupervisor, surface: PoolSurface, forwards: PoolForwards, *,
                  interval: float, hung_after: float | None = None,
                  budget: Callable[[str, str], Budget] | None = None,
                  tunnels: Callable[[], Mapping[str, int]] | None = None,
+                 user_tunnels: Callable[[str], int] | None = None,
                  tree_cpu: Callable[[int], float | None] = tree_cpu,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self._supervisor = supervisor
@@ -113,6 +119,7 @@ class PoolManager:
         self._forwards = forwards
         self._budget = budget or (lambda tenant, app: UNLIMITED)
         self._tunnels = tunnels or dict
+        self._user_tunnels = user_tunnels  # a user's open tunnels: it is moved once they closed
         self._tree_cpu = tree_cpu
         self.interval = interval
         self.hung_after = hung_after if hung_after is not None else Server().hung_after
@@ -124,6 +131,10 @@ class PoolManager:
         self._progress: dict[str, Progress] = {}
         self._tasks = Background(log, "pool: a retire or replacement")
         self.changes = 0  # bumped whenever ``routable`` may answer otherwise (a drain begins or ends, a reload)
+        # Live moves (pool/mover.py), set by the daemon once the channel exists; without one, compaction
+        # re-points users (their in-process state is then lost).
+        self.mover: PoolMover | None = None
+        self.move_timeout = Server().move_timeout
 
     # ------------------------------------------------------------------ config
 
@@ -131,6 +142,7 @@ class PoolManager:
         """Thresholds are reloadable: a reload swaps a group's pool config; removed groups are forgotten."""
         self.interval = config.server.occupancy_interval
         self.hung_after = config.server.hung_after
+        self.move_timeout = config.server.move_timeout
         wanted = {(t.name, a.name, g.name): g for t, a, g in config.groups()}
         self.changes += 1
         for key in [k for k in self._groups if k not in wanted]:
@@ -312,17 +324,97 @@ class PoolManager:
         # that caused it (seen in the VM). Anti-flapping is the window: wait until every worker has one.
         if any(len(entry.windows[v.id].rows) < SMOOTHING_ROWS if v.id in entry.windows else True for v in views):
             return
-        plan = plan_compaction(views, self._user_loads(entry, views), entry.pool, self._tunnels())
+        loads_by_worker = self._user_loads(entry, views)
+        plan = plan_compaction(views, loads_by_worker, entry.pool, self._tunnels())
         if plan is None:
             return
         self._record(entry, plan.decision)
-        now = self._clock()
-        for user, target in plan.moves.items():
-            self._surface.assign(user, target, now)
         entry.draining = entry.draining | {plan.retire}
         self.changes += 1
-        log.info("pool %s: compaction: draining %s (%d users moved)", "/".join(key), plan.retire, len(plan.moves))
-        self._spawn(self._retire(key, entry, plan.retire))
+        if self.mover is None:
+            now = self._clock()
+            for user, target in plan.moves.items():
+                self._surface.assign(user, target, now)
+            log.info("pool %s: compaction: draining %s (%d users re-pointed)", "/".join(key), plan.retire,
+                     len(plan.moves))
+            self._spawn(self._retire(key, entry, plan.retire))
+            return
+        loads = loads_by_worker.get(plan.retire, {})
+        moves = sorted(plan.moves.items(), key=lambda item: (loads.get(item[0], 0.0), item[0]))  # idle first
+        log.info("pool %s: compaction: draining %s (%d users to move)", "/".join(key), plan.retire, len(moves))
+        self._spawn(self._empty_then_retire(key, entry, plan.retire, moves))
+
+    async def _empty_then_retire(self, key: GroupKey, entry: _Group, worker_id: str,
+                                 moves: Sequence[tuple[str, str]]) -> Evacuation:
+        """Move the users off (one at a time); retire the worker once empty, else keep it (draining ends)."""
+        assert self.mover is not None
+        result = await evacuate(self.mover, worker_id, moves, move_timeout=self.move_timeout,
+                                tunnels_of=self._tunnels_of, drain_timeout=entry.pool.drain_timeout,
+                                clock=self._clock)
+        if result.empty:
+            await self._retire(key, entry, worker_id)
+            return result
+        user, why = result.failed[0]
+        entry.draining = entry.draining - {worker_id}
+        self.changes += 1
+        log.warning("pool %s: draining %s stopped, the worker is kept: the move of %s failed (%s); %d moved, "
+                    "%d left on it", "/".join(key), worker_id, user, why, len(result.moved), len(result.left) + 1)
+        return result
+
+    async def drain(self, worker_id: str) -> Evacuation:
+        """An operator takes ``worker_id`` out (``elasticctl drain``): no new users, a replacement first if the
+        group would fall under ``min_workers``, every user moved off, then retired. KeyError: no such worker."""
+        found = self._find(worker_id)
+        if found is None or all(w.id != worker_id for w in self._supervisor.workers_of(found[0])):
+            raise KeyError(worker_id)
+        key, entry = found
+        if worker_id in entry.draining:
+            raise ValueError(f"{worker_id} is being drained already")
+        if sum(1 for w in self._supervisor.workers_of(key) if w.id != worker_id) < entry.pool.min_workers:
+            replacement = self._supervisor.add_worker(key)
+            self._record(entry, PoolDecision("scale-up", replacement.id, f"replaces {worker_id}, drained by an "
+                                             f"operator, to keep min_workers {entry.pool.min_workers}"))
+            await self._routable_soon(key, replacement.id)
+        loads = self._user_loads(entry, self._views(key, entry)).get(worker_id, {})
+        entry.draining = entry.draining | {worker_id}
+        self.changes += 1
+        users = [user for user, _ in self._surface.on(worker_id)]
+        views = self._views(key, entry)  # the survivors: the drained one is no longer routable here
+        plan = plan_evacuation(worker_id, views, loads, users)
+        if users and not plan:
+            entry.draining = entry.draining - {worker_id}
+            self.changes += 1
+            return Evacuation(worker_id, failed=[(users[0], "no other routable worker to move to")], left=users[1:])
+        if self.mover is None:
+            now = self._clock()
+            for user, target in plan:
+                self._surface.assign(user, target, now)
+            await self._retire(key, entry, worker_id)
+            return Evacuation(worker_id, moved=users)
+        return await self._empty_then_retire(key, entry, worker_id, plan)
+
+    async def _routable_soon(self, key: GroupKey, worker_id: str, timeout: float = 30.0) -> None:
+        started = self._clock()
+        while not any(w.id == worker_id and w.routable for w in self._supervisor.workers_of(key)):
+            if self._clock() - started > timeout:
+                raise TimeoutError(f"the replacement {worker_id} did not become routable in {timeout:g}s")
+            await asyncio.sleep(_DRAIN_POLL)
+
+    def _tunnels_of(self, user: str) -> int:
+        return self._user_tunnels(user) if self._user_tunnels is not None else 0
+
+    def record_move(self, move: Move, summary: MoveSummary) -> None:
+        """Journal a move that ended (the Mover's ``on_end``): ``move`` or ``move-aborted`` in the source's group."""
+        found = self._find(move.source)
+        if found is None:
+            return
+        moved = summary.outcome is Outcome.MOVED
+        reason = (f"{summary.user} moved to {summary.target}" if moved
+                  else f"{summary.user} stays on {move.release_to or '(placed anew)'}: {summary.outcome.value}: "
+                       f"{summary.why}")
+        numbers = {"user": summary.user, "to": summary.target, "ms": round(summary.seconds * 1000, 1),
+                   "package_bytes": summary.package_bytes, "outcome": summary.outcome.value}
+        self._record(found[1], PoolDecision("move" if moved else "move-aborted", move.source, reason, numbers))
 
     def _user_loads(self, entry: _Group, views: Sequence[WorkerView]) -> dict[str, dict[str, float]]:
         loads, entry.user_seconds = user_loads(views, self._surface.on, entry.user_seconds)
@@ -468,8 +560,19 @@ class PoolManager:
                 "workers": workers,
                 "decisions": entry.journal.last(),
                 "decision_counts": dict(entry.journal.counts),
+                "moves": self._moves_in((t, a, g)),
             }
         return {"tenant": tenant, "app": app, "groups": groups}
+
+    def _moves_in(self, key: GroupKey) -> list[dict[str, Any]]:
+        """The users being moved in the group now (for ``elasticctl pool``)."""
+        if self.mover is None:
+            return []
+        book = getattr(self.mover, "book", None)
+        moves: list[Move] = book.moves() if book is not None else []
+        now = self._clock()
+        return [{"user": m.user, "from": m.source, "to": m.target, "step": m.step.value,
+                 "seconds": round(now - m.started, 3)} for m in moves if _key_of(m.source) == key]
 
     # ------------------------------------------------------------------ helpers
 

@@ -31,8 +31,8 @@ import enum
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["ASK_SNAPSHOT", "RELEASE", "REPLACE", "SEND_INSTALL", "SWITCH", "TRANSITIONS", "Event", "Move",
-           "MoveBook", "MoveError", "MoveSummary", "Outcome", "Step"]
+__all__ = ["ASK_SNAPSHOT", "DURATION_BOUNDS", "RELEASE", "REPLACE", "SEND_INSTALL", "SWITCH", "TRANSITIONS", "Event",
+           "Move", "MoveBook", "MoveError", "MoveStats", "MoveSummary", "Outcome", "Step"]
 
 
 class Step(enum.Enum):
@@ -294,4 +294,31 @@ class MoveBook:
         if self._by_user.get(move.user) is move:
             del self._by_user[move.user]
         self._by_id.pop(move.move_id, None)
+
+
+# Seconds from the flag to the end: a move of an idle user takes milliseconds, one that waits for a long request
+# or a silent worker up to the move timeout.
+DURATION_BOUNDS: Final[tuple[float, ...]] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class MoveStats:
+    """What ``elasticd_moves_total{tenant,app,outcome}`` and ``elasticd_move_duration_seconds`` expose."""
+
+    __slots__ = ("buckets", "count", "outcomes", "sum")
+
+    def __init__(self) -> None:
+        self.outcomes: dict[tuple[str, str, str], int] = {}
+        self.buckets = [0] * (len(DURATION_BOUNDS) + 1)  # per bucket, not cumulated
+        self.count = 0
+        self.sum = 0.0
+
+    def add(self, tenant: str, app: str, summary: MoveSummary) -> None:
+        key = (tenant, app, summary.outcome.value)
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        i = 0
+        while i < len(DURATION_BOUNDS) and summary.seconds > DURATION_BOUNDS[i]:
+            i += 1
+        self.buckets[i] += 1
+        self.count += 1
+        self.sum += summary.seconds
 

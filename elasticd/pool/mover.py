@@ -16,7 +16,19 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from elasticd.pool.move import ASK_SNAPSHOT, RELEASE, REPLACE, SEND_INSTALL, SWITCH, Move, MoveBook, MoveSummary, Step
+from elasticd.pool.move import (
+    ASK_SNAPSHOT,
+    RELEASE,
+    REPLACE,
+    SEND_INSTALL,
+    SWITCH,
+    Move,
+    MoveBook,
+    MoveStats,
+    MoveSummary,
+    Step,
+)
+from elasticd.worker_ids import parse_worker_id
 
 __all__ = ["MoveChannel", "MoveFront", "MoveSurface", "Mover"]
 
@@ -50,7 +62,7 @@ class MoveChannel(Protocol):
 
 
 class Mover:
-    __slots__ = ("_channel", "_clock", "_front", "_on_end", "book")
+    __slots__ = ("_channel", "_clock", "_front", "_on_end", "book", "stats")
 
     def __init__(self, front: MoveFront, channel: MoveChannel, *,
                  on_end: Callable[[Move, MoveSummary], None] | None = None,
@@ -60,6 +72,7 @@ class Mover:
         self._on_end = on_end  # the journal and the metrics
         self._clock = clock
         self.book = MoveBook()
+        self.stats = MoveStats()
 
     def stateful(self, source: str, target: str) -> bool:
         """Both workers run the library's move support: the user's state goes with it."""
@@ -160,6 +173,9 @@ class Mover:
         released = self._front.release(move.user)
         self.book.end(move)
         summary = move.summary()
+        parts = parse_worker_id(move.source)
+        if parts is not None:
+            self.stats.add(parts.tenant, parts.app, summary)
         if summary.outcome.value == "moved":
             log.info("pool: moved %s from %s to %s in %.1f ms (package %s, %d held requests released)",
                      move.user, move.source, move.target, summary.seconds * 1000,

@@ -1,18 +1,20 @@
-"""The pool's Prometheus metrics: occupancy per worker, workers per group, decisions by group and kind, and
-which cgroup limit holds a group's scale-up."""
+"""The pool's Prometheus metrics: occupancy per worker, workers per group, decisions by group and kind, which
+cgroup limit holds a group's scale-up, and live moves by outcome and duration."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from elasticd.pool.manager import LIMITED_RESOURCES, PoolManager
+from elasticd.pool.move import DURATION_BOUNDS, MoveStats, Outcome
 
 __all__ = ["PoolCollector"]
 
-DECISIONS = ("keep", "pass", "admit", "fallback", "scale-up", "held", "compaction", "retire", "hung")
+DECISIONS = ("keep", "pass", "admit", "fallback", "scale-up", "held", "compaction", "move", "move-aborted", "retire",
+             "hung")
 
 
 class PoolCollector(Collector):
@@ -51,3 +53,24 @@ class PoolCollector(Collector):
         yield workers
         yield decisions
         yield bound
+        stats: MoveStats | None = getattr(self._pool.mover, "stats", None)
+        if stats is not None:
+            yield from _moves(stats, self._pool.groups())
+
+
+def _moves(stats: MoveStats, groups: list[tuple[str, str, str]]) -> Iterator[Metric]:
+    moves = CounterMetricFamily("elasticd_moves", "Live moves of a user between two workers, by how they ended.",
+                                labels=["tenant", "app", "outcome"])
+    apps = sorted({(tenant, app) for tenant, app, _ in groups} | {(t, a) for t, a, _ in stats.outcomes})
+    for tenant, app in apps:  # every outcome of every app, 0 until it happens (rate() needs the series)
+        for outcome in Outcome:
+            moves.add_metric([tenant, app, outcome.value], stats.outcomes.get((tenant, app, outcome.value), 0))
+    yield moves
+    cumulative, buckets = 0, []
+    for bound, count in zip((*DURATION_BOUNDS, float("inf")), stats.buckets, strict=True):
+        cumulative += count
+        buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+    duration = HistogramMetricFamily("elasticd_move_duration_seconds",
+                                     "Seconds from a move's flag (its user's requests held) to its switch or abort.")
+    duration.add_metric([], buckets, sum_value=stats.sum)
+    yield duration

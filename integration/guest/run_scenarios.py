@@ -56,6 +56,7 @@ from enforcement import (  # noqa: E402
     s_verify,
 )
 from isolation import s_isolation  # noqa: E402
+from live_move import s_move  # noqa: E402
 from pool_kernel import s_pool_limits  # noqa: E402
 from runtime_limits import s_limits  # noqa: E402
 
@@ -81,6 +82,8 @@ SCENARIOS: list[tuple[str, str, Scenario]] = [
      "request is not hung; elasticctl limit --cpu 200% lets the same load grow the pool", s_pool_limits),
     ("14-isolation", "a hostile tenant (its own user:) is denied by the kernel: its cpu.max, server/, /etc/shadow, "
      "/etc, elasticd, the other tenant's files, socket and worker; elasticd and the other tenant go on", s_isolation),
+    ("15-move", "elasticctl drain moves every user off the reception with its in-process state (/counter goes on "
+     "from the survivor), a replacement keeping min_workers, then retires it", s_move),
 ]
 
 
