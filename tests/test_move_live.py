@@ -42,7 +42,7 @@ class Setup:
 
 
 @asynccontextmanager
-async def live(tmp_path: Path, names: tuple[str, ...] = ("w1", "w2")) -> AsyncIterator[Setup]:
+async def live(tmp_path: Path, names: tuple[str, ...] = ("w1", "w2"), sensorless: bool = False) -> AsyncIterator[Setup]:
     registry = Registry()
     channel = ChannelServer(str(tmp_path / "channel.sock"), registry.authenticate, registry.on_report)
     await channel.start()
@@ -52,10 +52,11 @@ async def live(tmp_path: Path, names: tuple[str, ...] = ("w1", "w2")) -> AsyncIt
             token = f"token-{name}"
             worker = DemoWorker(name, f"unix:{tmp_path}/{name}.sock",
                                 env={"ELASTIC_CHANNEL": f"unix:{channel.path}", "ELASTIC_WORKER_ID": name,
-                                     "ELASTIC_TOKEN": token, "ELASTIC_OCCUPANCY_INTERVAL": "0.5"})
+                                     "ELASTIC_TOKEN": token, "ELASTIC_OCCUPANCY_INTERVAL": "0.5",
+                                     "DEMO_SENSORLESS": "1" if sensorless else "0"})
             registry.workers[name] = (token, worker.proc.pid)
             workers[name] = worker
-        for _ in range(500):
+        for _ in range(0 if sensorless else 500):
             if all(channel.capabilities(name) for name in names):
                 break
             await asyncio.sleep(0.02)
@@ -92,6 +93,17 @@ async def test_a_users_counter_goes_on_from_the_other_worker(tmp_path: Path) -> 
         assert isinstance(back, Move) and back.outcome is Outcome.MOVED
         again = await s.counter(session)
         assert (again["worker"], again["count"]) == ("w1", 7)
+
+
+async def test_a_worker_without_the_library_is_moved_by_re_pointing_after_the_quiesce(tmp_path: Path) -> None:
+    async with live(tmp_path, sensorless=True) as s, _session() as session:
+        s.front.surface.assign(USER, "w1", s.front.clock())
+        assert (await s.counter(session))["worker"] == "w1"
+        move = await s.mover.move(USER, "w1", "w2", 5.0)
+        assert isinstance(move, Move) and move.outcome is Outcome.MOVED and not move.stateful
+        assert move.summary().package_bytes is None
+        after = await s.counter(session)
+        assert after["worker"] == "w2" and after["count"] == 1  # its in-process state stayed behind: no library
 
 
 async def test_requests_sent_during_the_move_are_all_answered_and_none_races_it(tmp_path: Path) -> None:
