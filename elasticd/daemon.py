@@ -121,6 +121,7 @@ class Daemon:
         # Live moves: compaction and `elasticctl drain` carry each user's state to its next worker.
         self.mover = Mover(self.front, self.channel, on_end=self.pool.record_move)
         self.pool.mover = self.mover
+        self.front.kept = self._kept
         self.sampler = Sampler()
         self.metrics = MetricsServer(server.metrics_listen, self.sampler, self._limits_in_force,
                                      extra_collectors=[self.front.collector(), PoolCollector(self.pool)])
@@ -172,6 +173,17 @@ class Daemon:
             self._routing[key] = upstreams
         return upstreams
 
+    def _kept(self, worker_id: str) -> Upstream | None:
+        """A worker being emptied by live moves, while it still runs: the front sends it the users pinned to it
+        (those waiting their turn to be moved off), though the routable lists leave it out."""
+        worker = self.supervisor.find(worker_id)
+        if worker is None or not worker.routable or worker_id not in self.pool.draining:
+            return None
+        upstream = self._upstream_of.get(worker_id)
+        if upstream is None:
+            upstream = self._upstream_of[worker_id] = Upstream(worker_id, worker.socket_path)
+        return upstream
+
     def _authenticate(self, worker_id: str, token: str, pid: int, uid: int) -> str | None:
         """A channel peer is the worker it claims only with that worker's token, from its process tree, and (for
         a tenant with a user) with that user's uid."""
@@ -194,6 +206,7 @@ class Daemon:
             # a fresh window: its readings described another process.
             self.pool.forget_worker(worker.id)
             self.mover.worker_died(worker.id)  # a move from it places its user anew; one to it aborts
+            self.channel.forget(worker.id)  # what its library announced: a new process announces again
             if worker.state == "stopped":  # gone for good (a restart keeps its id and socket path)
                 self._upstream_of.pop(worker.id, None)
                 self.front.forget_worker(worker.id)  # its connections and its forward counters

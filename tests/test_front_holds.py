@@ -198,3 +198,23 @@ def test_a_held_exchange_is_held_in_the_table_and_released_to_be_dispatched_agai
     assert ex.phase is Phase.HELD
     ex.advance(Event.RELEASE)
     assert ex.phase is Phase.QUEUED
+
+
+def test_a_user_pinned_to_a_worker_being_emptied_is_served_there_until_its_move():
+    surface = Surface(60.0)
+    surface.assign(USER, "w2", 0.0)
+    surface.assign(OTHER, "w2", 0.0)
+    surface.pin(USER)  # waits its turn to be moved off w2, which takes no one new
+    target = Target(AppRoute("acme", "shop", "green"), RouteStats(), None)
+    kept = {"w2": _W("w2")}
+    pinned = decide(target, _head(b"elastic_uid=" + USER.encode()), 1.0, [_W("w1")], (), surface, place,
+                    ForwardCounters(), kept.get)
+    assert not isinstance(pinned, Hold) and pinned[0].worker_id == "w2"
+    other = decide(target, _head(b"elastic_uid=" + OTHER.encode()), 1.0, [_W("w1")], (), surface, place,
+                   ForwardCounters(), kept.get)
+    assert not isinstance(other, Hold) and other[0].worker_id == "w1"  # not pinned: re-placed
+    dead = decide(target, _head(b"elastic_uid=" + USER.encode()), 1.0, [_W("w1")], ("w2",), surface, place,
+                  ForwardCounters(), kept.get)
+    assert not isinstance(dead, Hold) and dead[0].worker_id == "w1"  # a kept worker found dead is not used
+    surface.assign(USER, "w1", 2.0)
+    assert not surface.get(USER).pinned  # moved: no longer pinned

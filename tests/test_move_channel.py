@@ -141,6 +141,10 @@ async def test_a_package_goes_from_one_worker_to_another_over_the_channel(channe
     assert answer["type"] == "installed"
     assert b_states.of("alice") == a_states.of("alice")
     assert server.tell("t.a.g.1", {"type": "forget", "user": "alice"})
+    # What a library announced is remembered while it reconnects (a move then fails rather than re-points),
+    # and forgotten when the worker exits.
+    server.forget("t.a.g.2")
+    assert server.capabilities("t.a.g.2") == frozenset() and "install" in server.capabilities("t.a.g.1")
     for _ in range(100):
         if not len(a_states):
             break

@@ -4,6 +4,7 @@ in-process state (the demo's /counter goes on from the other worker), then retir
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.request
 
@@ -73,3 +74,34 @@ def test_drain_of_an_unknown_worker_is_refused(daemons, tmp_path):
     d.start()
     result = d.ctl("drain", "acme.shop.green.99")
     assert result.returncode == 1 and "no worker acme.shop.green.99" in result.stderr
+
+
+def test_users_waiting_their_turn_during_a_drain_keep_their_state(daemons, tmp_path):
+    """While a drain moves users one at a time, the others go on being served, with their state, where they are:
+    every user's counts go up by one each time, whichever worker answers (a user re-placed without its state would
+    count from 1 again)."""
+    d = daemons(TENANTS.format(root=tmp_path), extra_server=SERVER)
+    d.start()
+    pool = _announced(d, 2)
+    reception = next(w["id"] for w in pool["workers"] if w["reception"])
+    cookies = [browse(d, "/counter")[2] for _ in range(4)]
+    counts: dict[str, list[int]] = {c: [1] for c in cookies}
+    done = threading.Event()
+
+    def browse_on(cookie: str) -> None:
+        while not done.is_set():
+            status, body, _ = browse(d, "/counter", cookie)
+            assert status == 200, body
+            counts[cookie].append(json.loads(body)["count"])
+
+    threads = [threading.Thread(target=browse_on, args=(c,), daemon=True) for c in cookies]
+    for t in threads:
+        t.start()
+    drained = d.ctl("drain", reception)
+    done.set()
+    for t in threads:
+        t.join(30)
+    assert drained.returncode == 0, drained.stderr
+    for cookie, seen in counts.items():
+        assert seen == list(range(1, len(seen) + 1)), (cookie, seen)
+        assert len(seen) > 1

@@ -201,6 +201,8 @@ async def test_a_second_move_of_a_moving_user_and_a_user_off_the_surface_are_ref
     async with live(tmp_path) as s:
         assert await s.mover.move(USER, "w1", "w2", 1.0) == f"{USER} is not on the surface"
         s.front.surface.assign(USER, "w1", s.front.clock())
+        # A move planned from where the user was is refused once it is elsewhere: nothing stale is installed.
+        assert await s.mover.move(USER, "w2", "w1", 1.0) == f"{USER} is on w1, not on w2"
         s.front.forwards.open[999] = _Open(USER)  # keeps the first move quiescing
         first = asyncio.create_task(s.mover.move(USER, "w1", "w2", 0.3))
         await asyncio.sleep(0.05)

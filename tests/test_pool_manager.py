@@ -73,6 +73,7 @@ class ForwardCounters:
 class User:
     def __init__(self, worker: str, login: str | None) -> None:
         self.worker, self.login, self.seconds = worker, login, 0.0
+        self.pinned = False
 
 
 class Surface:
@@ -84,6 +85,11 @@ class Surface:
 
     def assign(self, user, worker, now):
         self.users.setdefault(user, User(worker, None)).worker = worker
+        self.users[user].pinned = False
+
+    def pin(self, user, pinned=True):
+        if user in self.users:
+            self.users[user].pinned = pinned
 
 
 def manager(n: int, *, pool: PoolSettings | None = None, budget=None, tunnels=None, tree_cpu=None, resources=None,

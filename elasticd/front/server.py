@@ -53,9 +53,9 @@ STALE_MARGIN: Final = 10.0  # seconds past request_timeout before a dead open-re
 
 class Front:
     __slots__ = ("_address", "_connecting", "_next_expiry", "_pools", "_probes", "_routes", "_server", "_targets",
-                 "_timer", "_workers", "clock", "conns", "forwards", "held", "keepalive_timeout", "max_header_bytes",
-                 "move_timeout", "on_login", "place", "port", "quotas", "request_timeout", "stale_after", "stopping",
-                 "surface", "tunnel_timeout", "unroutable")
+                 "_timer", "_workers", "clock", "conns", "forwards", "held", "keepalive_timeout", "kept",
+                 "max_header_bytes", "move_timeout", "on_login", "place", "port", "quotas", "request_timeout",
+                 "stale_after", "stopping", "surface", "tunnel_timeout", "unroutable")
 
     def __init__(self, address: Address, routes: RouteTable, workers: WorkersFn, *,
                  quotas: Mapping[str, Quotas] | None = None, request_timeout: float = 60.0,
@@ -72,6 +72,9 @@ class Front:
         self.max_header_bytes = max_header_bytes  # request line + headers; over it: 431
         self.move_timeout = move_timeout  # a live move's hard deadline: no request is held (much) longer
         self.held: Holds[ClientConn] = Holds()  # requests of users being moved, until their move ends
+        # A worker being emptied by live moves, by id, while it still serves its pinned users (the daemon's;
+        # None: no worker is ever kept out of the routable list with users on it).
+        self.kept: Callable[[str], Upstream | None] | None = None
         # An open-requests entry idle past the request timeout (plus a margin for the tick) can only be a leak.
         self.stale_after = request_timeout + STALE_MARGIN
         self.quotas = QuotaBook(quotas or {}, clock())
@@ -266,7 +269,8 @@ class Front:
             workers = self._workers(route.tenant, route.app, route.group)
         else:
             workers = []
-        decision = decide(target, ex.head, now, workers, self.unroutable, self.surface, self.place, self.forwards)
+        decision = decide(target, ex.head, now, workers, self.unroutable, self.surface, self.place, self.forwards,
+                          self.kept)
         if isinstance(decision, Refuse):
             self._refuse(client, ex, decision.status, decision.text, retry_after=decision.retry_after)
             return
@@ -309,8 +313,13 @@ class Front:
         for client, ex in self.held.release(user):
             if client.transport is None or ex.phase is not PHASE_HELD:
                 continue  # the client left meanwhile
-            ex.advance(EVENT_RELEASE)
-            client.released(ex)
+            try:
+                ex.advance(EVENT_RELEASE)
+                client.released(ex)
+            except Exception as exc:  # a bug of ours with one request must not strand the others
+                log.exception("front: releasing a held request of %s failed", user)
+                client.fail_closed(exc)
+                continue
             released += 1
         return released
 

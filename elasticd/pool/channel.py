@@ -76,8 +76,13 @@ class ChannelServer:
         self._next_id = 0
 
     def capabilities(self, worker_id: str) -> frozenset[str]:
-        """What the worker's library announced it can do (empty while it has no channel connection)."""
-        return self._capabilities.get(worker_id, frozenset()) if worker_id in self._connections else frozenset()
+        """What the worker's library announced it can do, remembered while it reconnects (a move then waits
+        for it or fails, rather than being taken for a worker without the library); empty before its first
+        announce, and again once ``forget`` (the worker exited)."""
+        return self._capabilities.get(worker_id, frozenset())
+
+    def forget(self, worker_id: str) -> None:
+        self._capabilities.pop(worker_id, None)
 
     async def request(self, worker_id: str, message: dict[str, Any], timeout: float,
                       payload: bytes | None = None) -> tuple[dict[str, Any], bytes | None]:
@@ -91,10 +96,12 @@ class ChannelServer:
         request_id = self._next_id
         answered: asyncio.Future[tuple[dict[str, Any], bytes | None]] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = (worker_id, answered)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout  # one deadline for the send and the answer together
         try:
             writer.write(encode({**message, "id": request_id}, payload))
             await asyncio.wait_for(writer.drain(), timeout)
-            return await asyncio.wait_for(answered, timeout)
+            return await asyncio.wait_for(answered, max(deadline - loop.time(), 0.0))
         except ConnectionError as exc:
             raise ChannelError(f"{worker_id}'s channel closed: {exc}") from None
         finally:
@@ -149,7 +156,6 @@ class ChannelServer:
         finally:
             if worker_id is not None and self._connections.get(worker_id) is writer:
                 del self._connections[worker_id]
-                self._capabilities.pop(worker_id, None)
                 for asked, answered in list(self._pending.values()):
                     if asked == worker_id and not answered.done():
                         answered.set_exception(ChannelError(f"{worker_id}'s channel closed before it answered"))

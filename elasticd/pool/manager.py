@@ -329,9 +329,9 @@ class PoolManager:
         if plan is None:
             return
         self._record(entry, plan.decision)
-        entry.draining = entry.draining | {plan.retire}
-        self.changes += 1
         if self.mover is None:
+            entry.draining = entry.draining | {plan.retire}
+            self.changes += 1
             now = self._clock()
             for user, target in plan.moves.items():
                 self._surface.assign(user, target, now)
@@ -341,57 +341,80 @@ class PoolManager:
             return
         loads = loads_by_worker.get(plan.retire, {})
         moves = sorted(plan.moves.items(), key=lambda item: (loads.get(item[0], 0.0), item[0]))  # idle first
+        self._begin_emptying(entry, plan.retire, [user for user, _ in moves])
         log.info("pool %s: compaction: draining %s (%d users to move)", "/".join(key), plan.retire, len(moves))
         self._spawn(self._empty_then_retire(key, entry, plan.retire, moves))
+
+    def _begin_emptying(self, entry: _Group, worker_id: str, users: Sequence[str]) -> None:
+        """The worker takes no one new (draining); the users to be moved off stay on it until their turn
+        (pinned: the front still serves them there)."""
+        for user in users:
+            self._surface.pin(user)
+        entry.draining = entry.draining | {worker_id}
+        self.changes += 1
+
+    def _end_emptying(self, entry: _Group, worker_id: str, users: Sequence[str]) -> None:
+        """The emptying ended without a retire (a move failed, something broke): the worker serves again."""
+        for user in users:
+            self._surface.pin(user, False)
+        if worker_id in entry.draining:
+            entry.draining = entry.draining - {worker_id}
+            self.changes += 1
 
     async def _empty_then_retire(self, key: GroupKey, entry: _Group, worker_id: str,
                                  moves: Sequence[tuple[str, str]]) -> Evacuation:
         """Move the users off (one at a time); retire the worker once empty, else keep it (draining ends)."""
         assert self.mover is not None
-        result = await evacuate(self.mover, worker_id, moves, move_timeout=self.move_timeout,
-                                tunnels_of=self._tunnels_of, drain_timeout=entry.pool.drain_timeout,
-                                clock=self._clock)
-        if result.empty:
-            await self._retire(key, entry, worker_id)
+        users = [user for user, _ in moves]
+        try:
+            result = await evacuate(self.mover, worker_id, moves, move_timeout=self.move_timeout,
+                                    tunnels_of=self._tunnels_of, drain_timeout=entry.pool.drain_timeout,
+                                    clock=self._clock)
+            if result.empty:
+                await self._retire(key, entry, worker_id)  # (its own cleanup ends the draining)
+                return result
+            user, why = result.failed[0]
+            log.warning("pool %s: draining %s stopped, the worker is kept: the move of %s failed (%s); %d moved, "
+                        "%d left on it", "/".join(key), worker_id, user, why, len(result.moved),
+                        len(result.left) + 1)
             return result
-        user, why = result.failed[0]
-        entry.draining = entry.draining - {worker_id}
-        self.changes += 1
-        log.warning("pool %s: draining %s stopped, the worker is kept: the move of %s failed (%s); %d moved, "
-                    "%d left on it", "/".join(key), worker_id, user, why, len(result.moved), len(result.left) + 1)
-        return result
+        finally:
+            self._end_emptying(entry, worker_id, users)
 
     async def drain(self, worker_id: str) -> Evacuation:
         """An operator takes ``worker_id`` out (``elasticctl drain``): no new users, a replacement first if the
-        group would fall under ``min_workers``, every user moved off, then retired. KeyError: no such worker."""
+        group would fall under ``min_workers``, every user moved off, then retired. KeyError: no such worker;
+        ValueError: it is being drained already; TimeoutError: the replacement did not come up."""
         found = self._find(worker_id)
         if found is None or all(w.id != worker_id for w in self._supervisor.workers_of(found[0])):
             raise KeyError(worker_id)
         key, entry = found
         if worker_id in entry.draining:
             raise ValueError(f"{worker_id} is being drained already")
-        if sum(1 for w in self._supervisor.workers_of(key) if w.id != worker_id) < entry.pool.min_workers:
-            replacement = self._supervisor.add_worker(key)
-            self._record(entry, PoolDecision("scale-up", replacement.id, f"replaces {worker_id}, drained by an "
-                                             f"operator, to keep min_workers {entry.pool.min_workers}"))
-            await self._routable_soon(key, replacement.id)
         loads = self._user_loads(entry, self._views(key, entry)).get(worker_id, {})
-        entry.draining = entry.draining | {worker_id}
-        self.changes += 1
         users = [user for user, _ in self._surface.on(worker_id)]
-        views = self._views(key, entry)  # the survivors: the drained one is no longer routable here
-        plan = plan_evacuation(worker_id, views, loads, users)
-        if users and not plan:
-            entry.draining = entry.draining - {worker_id}
-            self.changes += 1
-            return Evacuation(worker_id, failed=[(users[0], "no other routable worker to move to")], left=users[1:])
-        if self.mover is None:
-            now = self._clock()
-            for user, target in plan:
-                self._surface.assign(user, target, now)
-            await self._retire(key, entry, worker_id)
-            return Evacuation(worker_id, moved=users)
-        return await self._empty_then_retire(key, entry, worker_id, plan)
+        self._begin_emptying(entry, worker_id, users)  # reserved before anything is awaited
+        try:
+            if sum(1 for w in self._supervisor.workers_of(key) if w.id != worker_id) < entry.pool.min_workers:
+                replacement = self._supervisor.add_worker(key)
+                entry.spawning.add(replacement.id)
+                self._record(entry, PoolDecision("scale-up", replacement.id, f"replaces {worker_id}, drained by "
+                                                 f"an operator, to keep min_workers {entry.pool.min_workers}"))
+                await self._routable_soon(key, replacement.id)
+            views = self._views(key, entry)  # the survivors: the drained one is no longer routable here
+            plan = plan_evacuation(worker_id, views, loads, users)
+            if users and not plan:
+                return Evacuation(worker_id, failed=[(users[0], "no other routable worker to move to")],
+                                  left=users[1:])
+            if self.mover is None:
+                now = self._clock()
+                for user, target in plan:
+                    self._surface.assign(user, target, now)
+                await self._retire(key, entry, worker_id)
+                return Evacuation(worker_id, moved=users)
+            return await self._empty_then_retire(key, entry, worker_id, plan)
+        finally:
+            self._end_emptying(entry, worker_id, users)
 
     async def _routable_soon(self, key: GroupKey, worker_id: str, timeout: float = 30.0) -> None:
         started = self._clock()

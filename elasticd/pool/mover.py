@@ -26,6 +26,7 @@ from elasticd.pool.move import (
     MoveBook,
     MoveStats,
     MoveSummary,
+    Outcome,
     Step,
 )
 from elasticd.worker_ids import parse_worker_id
@@ -35,6 +36,9 @@ __all__ = ["MoveChannel", "MoveFront", "MoveSurface", "Mover"]
 log = logging.getLogger("elasticd.pool")
 
 _QUIESCE_POLL = 0.005  # seconds between two looks at the user's open requests while quiescing
+_ANNOUNCE_POLL = 0.05  # seconds between two looks for a new target's announce
+_MOVES = frozenset({"snapshot", "install"})
+_MAYBE_INSTALLED = frozenset({Outcome.TARGET_TIMEOUT, Outcome.FAILED})
 
 
 class MoveSurface(Protocol):
@@ -74,18 +78,28 @@ class Mover:
         self.book = MoveBook()
         self.stats = MoveStats()
 
-    def stateful(self, source: str, target: str) -> bool:
-        """Both workers run the library's move support: the user's state goes with it."""
-        wanted = {"snapshot", "install"}
-        return wanted <= self._channel.capabilities(source) and wanted <= self._channel.capabilities(target)
+    def carries_state(self, worker_id: str) -> bool:
+        """The worker's library announced move support (remembered while its channel reconnects)."""
+        return self._channel.capabilities(worker_id) >= _MOVES
 
     async def move(self, user: str, source: str, target: str, timeout: float) -> Move | str:
         """Move ``user`` from ``source`` to ``target``; the move once it ended (``outcome`` says how), or why it
-        could not begin."""
-        if self._front.surface.get(user) is None:
+        could not begin (then nothing was done: the user is where it was)."""
+        entry = self._front.surface.get(user)
+        if entry is None:
             return f"{user} is not on the surface"
-        began = self.book.begin(user, source, target, self._clock(), timeout,
-                                stateful=self.stateful(source, target))
+        if entry.worker != source:
+            return f"{user} is on {entry.worker or '(no worker)'}, not on {source}"
+        stateful = self.carries_state(source)
+        if stateful and not self.carries_state(target):
+            # A new worker (a drain's replacement) whose library has not announced yet: its state would be lost
+            # by re-pointing, so wait for it (the user is not held meanwhile).
+            deadline = self._clock() + timeout
+            while not self.carries_state(target):
+                if self._clock() >= deadline:
+                    return f"{target} has not announced its library (its state could not be installed there)"
+                await asyncio.sleep(_ANNOUNCE_POLL)
+        began = self.book.begin(user, source, target, self._clock(), timeout, stateful=stateful)
         if isinstance(began, str):
             return began
         move = began
@@ -161,17 +175,24 @@ class Mover:
         release its held requests and forget the move."""
         if not effects & RELEASE:
             return
+        self.book.end(move)  # first: whatever fails below, the move is over and nothing can end it again
         surface, now = self._front.surface, self._clock()
-        if effects & SWITCH:
-            surface.assign(move.user, move.target, now)
-            if move.stateful:  # the old worker's copy of the state is nobody's now
-                self._channel.tell(move.source, {"type": "forget", "user": move.user})
-        elif effects & REPLACE:
-            entry = surface.get(move.user)
-            if entry is not None:
-                entry.worker = ""  # placed anew at its next request, as after any worker's death
-        released = self._front.release(move.user)
-        self.book.end(move)
+        released = 0
+        try:
+            if effects & SWITCH:
+                surface.assign(move.user, move.target, now)
+                if move.stateful:  # the old worker's copy of the state is nobody's now
+                    self._channel.tell(move.source, {"type": "forget", "user": move.user})
+            else:
+                if effects & REPLACE:
+                    entry = surface.get(move.user)
+                    if entry is not None:
+                        entry.worker = ""  # placed anew at its next request, as after any worker's death
+                if move.stateful and move.outcome in _MAYBE_INSTALLED:
+                    # The install was sent and not answered in time: a copy the target may hold is nobody's.
+                    self._channel.tell(move.target, {"type": "forget", "user": move.user})
+        finally:
+            released = self._front.release(move.user)  # unflags the user whatever happened above
         summary = move.summary()
         parts = parse_worker_id(move.source)
         if parts is not None:

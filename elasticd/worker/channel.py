@@ -31,11 +31,12 @@ __all__ = ["MAX_LINE", "ChannelClient"]
 log = logging.getLogger("elasticd.worker.channel")
 _FIRST_DELAY = 0.1  # the backoff's first retry; it doubles up to the interval
 _ANNOUNCE_TIMEOUT = 1.0  # at least this long for elasticd to answer the announce
+_REPLY_TIMEOUT = 30.0  # a move's answer (a package of up to 64 MiB) may take this long to send
 
 
 class ChannelClient:
-    __slots__ = ("_lock", "_moves", "_report", "_send_lock", "_sock", "_stop", "_thread", "interval", "path",
-                 "token", "worker_id")
+    __slots__ = ("_lock", "_moves", "_replies", "_report", "_send_lock", "_sock", "_stop", "_thread", "interval",
+                 "path", "token", "worker_id")
 
     def __init__(self, report: Callable[[float], dict[str, Any]], *, path: str | None = None,
                  worker_id: str | None = None, token: str | None = None, interval: float | None = None,
@@ -51,6 +52,9 @@ class ChannelClient:
         self._send_lock = threading.Lock()  # the report thread and the move thread both write to the socket
         self._moves = moves  # None: the worker has no state a move could carry (moved by re-pointing only)
         self._sock: socket.socket | None = None
+        # The move thread's own handle on the connection (a dup): a socket's timeout is the object's, and the
+        # report thread sets short ones for its reads, which would cut a big package's send short.
+        self._replies: socket.socket | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -168,7 +172,12 @@ class ChannelClient:
             log.warning("elasticd refused a message: %s", message.get("reason"))
         elif kind in MOVE_REQUESTS and self._moves is not None:
             # Answered on this connection: if it is gone by then, elasticd's side has timed the request out.
-            self._moves.submit(message, payload, lambda answer, data: self._send(sock, answer, data))
+            with self._lock:
+                if self._replies is None:
+                    self._replies = sock.dup()
+                    self._replies.settimeout(_REPLY_TIMEOUT)
+                replies = self._replies
+            self._moves.submit(message, payload, lambda answer, data: self._send(replies, answer, data))
         elif kind in MOVE_REQUESTS:
             self._send(sock, {"type": "refused", "id": message.get("id"), "reason": "no state to move here"})
         else:
@@ -178,6 +187,9 @@ class ChannelClient:
         with self._lock:
             if self._sock is sock:
                 self._sock = None
+                replies, self._replies = self._replies, None
+                if replies is not None:
+                    replies.close()
         sock.close()
 
 

@@ -7,7 +7,7 @@ bucket (an admitted request is counted in flight), the surface (a new or re-plac
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple, TypeVar
 
 from elasticd.front.core.counters import ForwardCounters, RouteStats
@@ -60,9 +60,11 @@ class Hold(NamedTuple):
 
 
 def decide(target: Target | None, head: RequestHead, now: float, workers: Sequence[W], unroutable: Collection[str],
-           surface: Surface, place: PlaceFn, forwards: ForwardCounters) -> Forward[W] | Hold | Refuse:
+           surface: Surface, place: PlaceFn, forwards: ForwardCounters,
+           kept: Callable[[str], W | None] | None = None) -> Forward[W] | Hold | Refuse:
     """``workers``: the group's routable workers (reception first); ``unroutable``: those the front found
-    dead since. A refusal after admission gives its quota slot back."""
+    dead since; ``kept``: a worker being emptied (not in ``workers``: it takes no one new) by its id, while it
+    still serves the users pinned to it. A refusal after admission gives its quota slot back."""
     if target is None:
         host = head.host.decode("latin-1") if head.host is not None else "(none)"
         return Refuse(404, f"no app for host {host}", None)
@@ -102,6 +104,11 @@ def decide(target: Target | None, head: RequestHead, now: float, workers: Sequen
             if candidate.worker_id == wanted:
                 entry.seen = now
                 return (candidate, user, entry, b"", quota)
+        if entry.pinned and kept is not None and wanted not in unroutable:
+            keeping = kept(wanted)  # its worker is being emptied: it waits its turn to be moved off, there
+            if keeping is not None:
+                entry.seen = now
+                return (keeping, user, entry, b"", quota)
     # New on the surface, or its worker went: (re-)placed.
     worker = _placed(place(user, surface, workers), workers)
     return (worker, user, surface.assign(user, worker.worker_id, now), b"", quota)

@@ -101,9 +101,11 @@ def set_cookie_line(user: str, secure: bool) -> bytes:
 
 class SurfaceUser:
     """One user on the surface. ``requests``/``seconds``: what the forward path consumed for it; ``moving``:
-    a live move of it is under way (its new requests are held, not forwarded: ``Surface.flag``)."""
+    a live move of it is under way (its new requests are held, not forwarded: ``Surface.flag``); ``pinned``: its
+    worker is being emptied and it waits its turn to be moved off: it is served there meanwhile, though that
+    worker takes no one new."""
 
-    __slots__ = ("login", "moving", "requests", "seconds", "seen", "worker")
+    __slots__ = ("login", "moving", "pinned", "requests", "seconds", "seen", "worker")
 
     def __init__(self, worker: str, seen: float) -> None:
         self.worker = worker
@@ -112,6 +114,7 @@ class SurfaceUser:
         self.requests = 0
         self.seconds = 0.0
         self.moving = False
+        self.pinned = False
 
     def __repr__(self) -> str:
         return (f"SurfaceUser(worker={self.worker!r}, login={self.login!r}, seen={self.seen}, "
@@ -145,7 +148,14 @@ class Surface:
         else:
             entry.worker = worker
             entry.seen = now
+            entry.pinned = False
         return entry
+
+    def pin(self, user: str, pinned: bool = True) -> None:
+        """Keep ``user`` on its worker while that worker is emptied (until moved, or the emptying ends)."""
+        entry = self.users.get(user)
+        if entry is not None:
+            entry.pinned = pinned
 
     def login(self, user: str, name: str | None, worker: str, now: float) -> SurfaceUser:
         """A worker said ``X-Elastic-Login: name`` (None for ``-``, logged out) answering ``user``."""
@@ -162,6 +172,7 @@ class Surface:
         for entry in list(self.users.values()):
             if entry.worker == worker:
                 entry.worker = ""
+                entry.pinned = False
                 released += 1
         return released
 
