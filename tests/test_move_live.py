@@ -210,3 +210,30 @@ async def test_a_second_move_of_a_moving_user_and_a_user_off_the_surface_are_ref
         move = await first
         assert isinstance(move, Move) and move.outcome is Outcome.QUIESCE_TIMEOUT
         del s.front.forwards.open[999]
+
+
+async def test_a_target_killed_as_it_is_sent_the_package_leaves_the_user_on_its_worker(tmp_path: Path) -> None:
+    """The target demo worker is SIGKILLed at the moment the install goes out: the move aborts (the target's
+    channel closes, or it never answers), and the user goes on on its worker with its counter."""
+    async with live(tmp_path, ("w1", "w2")) as s, _session() as session:
+        s.front.surface.assign(USER, "w1", s.front.clock())
+        for _ in range(4):
+            await s.counter(session)
+        channel = s.channel
+
+        class Killing:  # the real channel, but the target dies as the install goes out
+            capabilities, tell = channel.capabilities, channel.tell
+
+            async def request(self, worker_id: str, message: dict[str, Any], timeout: float,
+                              payload: bytes | None = None) -> tuple[dict[str, Any], bytes | None]:
+                if message.get("type") == "install":
+                    s.workers["w2"].proc.kill()
+                    s.workers["w2"].proc.wait()
+                return await channel.request(worker_id, message, timeout, payload)
+
+        mover = Mover(s.front, Killing())
+        move = await mover.move(USER, "w1", "w2", 2.0)
+        assert isinstance(move, Move) and move.outcome in (Outcome.TARGET_REFUSED, Outcome.TARGET_TIMEOUT)
+        assert move.release_to == "w1"
+        after = await s.counter(session)
+        assert (after["worker"], after["count"]) == ("w1", 5)

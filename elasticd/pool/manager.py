@@ -384,7 +384,9 @@ class PoolManager:
     async def drain(self, worker_id: str) -> Evacuation:
         """An operator takes ``worker_id`` out (``elasticctl drain``): no new users, a replacement first if the
         group would fall under ``min_workers``, every user moved off, then retired. KeyError: no such worker;
-        ValueError: it is being drained already; TimeoutError: the replacement did not come up."""
+        ValueError: it is being drained already; TimeoutError: the replacement did not come up. It runs as one
+        of the pool's tasks: the caller going away (an admin client that gave up) does not stop it half way;
+        elasticd stopping does."""
         found = self._find(worker_id)
         if found is None or all(w.id != worker_id for w in self._supervisor.workers_of(found[0])):
             raise KeyError(worker_id)
@@ -394,6 +396,12 @@ class PoolManager:
         loads = self._user_loads(entry, self._views(key, entry)).get(worker_id, {})
         users = [user for user, _ in self._surface.on(worker_id)]
         self._begin_emptying(entry, worker_id, users)  # reserved before anything is awaited
+        task = self._tasks.spawn(self._drain(key, entry, worker_id, users, loads), name=f"drain {worker_id}")
+        result: Evacuation = await asyncio.shield(task)
+        return result
+
+    async def _drain(self, key: GroupKey, entry: _Group, worker_id: str, users: Sequence[str],
+                     loads: Mapping[str, float]) -> Evacuation:
         try:
             if sum(1 for w in self._supervisor.workers_of(key) if w.id != worker_id) < entry.pool.min_workers:
                 replacement = self._supervisor.add_worker(key)
@@ -405,13 +413,13 @@ class PoolManager:
             plan = plan_evacuation(worker_id, views, loads, users)
             if users and not plan:
                 return Evacuation(worker_id, failed=[(users[0], "no other routable worker to move to")],
-                                  left=users[1:])
+                                  left=list(users[1:]))
             if self.mover is None:
                 now = self._clock()
                 for user, target in plan:
                     self._surface.assign(user, target, now)
                 await self._retire(key, entry, worker_id)
-                return Evacuation(worker_id, moved=users)
+                return Evacuation(worker_id, moved=list(users))
             return await self._empty_then_retire(key, entry, worker_id, plan)
         finally:
             self._end_emptying(entry, worker_id, users)
