@@ -237,3 +237,38 @@ async def test_a_target_killed_as_it_is_sent_the_package_leaves_the_user_on_its_
         assert move.release_to == "w1"
         after = await s.counter(session)
         assert (after["worker"], after["count"]) == ("w1", 5)
+
+
+async def test_a_source_killed_as_it_is_asked_for_the_package_places_its_user_anew(tmp_path: Path) -> None:
+    """The source's channel closes (it was SIGKILLed) a moment before its exit is seen: the move ends as the
+    source's death, and the user, with its held requests, is placed anew rather than sent to a dead worker."""
+    async with live(tmp_path, ("w1", "w2")) as s, _session() as session:
+        s.front.surface.assign(USER, "w1", s.front.clock())
+        await s.counter(session)
+        channel = s.channel
+        loop = asyncio.get_running_loop()
+        mover: Mover
+
+        def gone(worker_id: str) -> None:  # what the daemon does when the supervisor sees a worker exit
+            routable = s.front._workers("acme", "shop", "green")
+            routable[:] = [u for u in routable if u.worker_id != worker_id]  # type: ignore[index]
+            s.front.close_upstream(worker_id)
+            mover.worker_died(worker_id)
+
+        class Killing:  # the real channel, but the source dies as it is asked; its exit is seen 50 ms later
+            capabilities, tell = channel.capabilities, channel.tell
+
+            async def request(self, worker_id: str, message: dict[str, Any], timeout: float,
+                              payload: bytes | None = None) -> tuple[dict[str, Any], bytes | None]:
+                if message.get("type") == "snapshot":
+                    s.workers["w1"].proc.kill()
+                    s.workers["w1"].proc.wait()
+                    loop.call_later(0.05, gone, "w1")
+                return await channel.request(worker_id, message, timeout, payload)
+
+        mover = Mover(s.front, Killing())
+        move = await mover.move(USER, "w1", "w2", 2.0)
+        assert isinstance(move, Move) and move.outcome is Outcome.SOURCE_DIED and move.release_to is None
+        after = await s.counter(session)
+        assert after["worker"] == "w2" and after["count"] == 1  # placed anew; its state died with w1
+

@@ -37,6 +37,7 @@ log = logging.getLogger("elasticd.pool")
 
 _QUIESCE_POLL = 0.005  # seconds between two looks at the user's open requests while quiescing
 _ANNOUNCE_POLL = 0.05  # seconds between two looks for a new target's announce
+_DEATH_GRACE = 0.2  # seconds a closed channel waits for its worker's exit to be seen
 _MOVES = frozenset({"snapshot", "install"})
 _MAYBE_INSTALLED = frozenset({Outcome.TARGET_TIMEOUT, Outcome.FAILED})
 
@@ -160,6 +161,10 @@ class Mover:
         except TimeoutError:
             return move.tick(max(self._clock(), move.deadline)) if not move.over else 0
         except Exception as exc:  # the worker has no channel (any more): it cannot carry this step
+            # A worker that died closes its channel a moment before the supervisor sees it exit: give that a
+            # moment, so its death ends the move as a death (the source's user is then placed anew, its held
+            # requests with it, rather than sent to a dead worker).
+            await asyncio.sleep(_DEATH_GRACE)
             return move.refused(f"{worker}: {exc}", self._clock()) if not move.over else 0
         if move.over:
             return 0  # ended meanwhile (a worker died): this answer comes too late
