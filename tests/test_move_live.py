@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -191,6 +191,19 @@ async def test_a_source_that_dies_mid_move_places_the_user_anew(tmp_path: Path) 
         del s.front.forwards.open[999]
 
 
+class _Before:
+    """The real channel, with ``before(message)`` run as each request goes out (to kill a worker at that moment)."""
+
+    def __init__(self, channel: ChannelServer, before: Callable[[dict[str, Any]], None]) -> None:
+        self.channel, self.before = channel, before
+        self.capabilities, self.tell = channel.capabilities, channel.tell
+
+    async def request(self, worker_id: str, message: dict[str, Any], timeout: float,
+                      payload: bytes | None = None) -> tuple[dict[str, Any], bytes | None]:
+        self.before(message)
+        return await self.channel.request(worker_id, message, timeout, payload)
+
+
 class _Open:
     def __init__(self, user: str) -> None:
         self.user, self.worker, self.ts = user, "w1", 0.0
@@ -219,19 +232,12 @@ async def test_a_target_killed_as_it_is_sent_the_package_leaves_the_user_on_its_
         s.front.surface.assign(USER, "w1", s.front.clock())
         for _ in range(4):
             await s.counter(session)
-        channel = s.channel
+        def kill_target(message: dict[str, Any]) -> None:
+            if message.get("type") == "install":
+                s.workers["w2"].proc.kill()
+                s.workers["w2"].proc.wait()
 
-        class Killing:  # the real channel, but the target dies as the install goes out
-            capabilities, tell = channel.capabilities, channel.tell
-
-            async def request(self, worker_id: str, message: dict[str, Any], timeout: float,
-                              payload: bytes | None = None) -> tuple[dict[str, Any], bytes | None]:
-                if message.get("type") == "install":
-                    s.workers["w2"].proc.kill()
-                    s.workers["w2"].proc.wait()
-                return await channel.request(worker_id, message, timeout, payload)
-
-        mover = Mover(s.front, Killing())
+        mover = Mover(s.front, _Before(s.channel, kill_target))
         move = await mover.move(USER, "w1", "w2", 2.0)
         assert isinstance(move, Move) and move.outcome in (Outcome.TARGET_REFUSED, Outcome.TARGET_TIMEOUT)
         assert move.release_to == "w1"
@@ -245,7 +251,6 @@ async def test_a_source_killed_as_it_is_asked_for_the_package_places_its_user_an
     async with live(tmp_path, ("w1", "w2")) as s, _session() as session:
         s.front.surface.assign(USER, "w1", s.front.clock())
         await s.counter(session)
-        channel = s.channel
         loop = asyncio.get_running_loop()
         mover: Mover
 
@@ -255,18 +260,13 @@ async def test_a_source_killed_as_it_is_asked_for_the_package_places_its_user_an
             s.front.close_upstream(worker_id)
             mover.worker_died(worker_id)
 
-        class Killing:  # the real channel, but the source dies as it is asked; its exit is seen 50 ms later
-            capabilities, tell = channel.capabilities, channel.tell
+        def kill_source(message: dict[str, Any]) -> None:  # its exit is seen 50 ms after its channel closed
+            if message.get("type") == "snapshot":
+                s.workers["w1"].proc.kill()
+                s.workers["w1"].proc.wait()
+                loop.call_later(0.05, gone, "w1")
 
-            async def request(self, worker_id: str, message: dict[str, Any], timeout: float,
-                              payload: bytes | None = None) -> tuple[dict[str, Any], bytes | None]:
-                if message.get("type") == "snapshot":
-                    s.workers["w1"].proc.kill()
-                    s.workers["w1"].proc.wait()
-                    loop.call_later(0.05, gone, "w1")
-                return await channel.request(worker_id, message, timeout, payload)
-
-        mover = Mover(s.front, Killing())
+        mover = Mover(s.front, _Before(s.channel, kill_source))
         move = await mover.move(USER, "w1", "w2", 2.0)
         assert isinstance(move, Move) and move.outcome is Outcome.SOURCE_DIED and move.release_to is None
         after = await s.counter(session)

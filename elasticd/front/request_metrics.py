@@ -19,11 +19,9 @@ from prometheus_client.registry import Collector
 
 from elasticd.front.core.counters import BOUNDS, ForwardCounters
 from elasticd.front.core.quota import CONCURRENCY, RATE
+from elasticd.histogram import cumulative_buckets
 
 __all__ = ["FrontCollector"]
-
-_LE = [repr(b) for b in BOUNDS] + ["+Inf"]
-
 
 class FrontCollector(Collector):
     __slots__ = ("_forwards", "_tenants")
@@ -44,13 +42,8 @@ class FrontCollector(Collector):
         for (tenant, app), stats in self._forwards.iter_routes():
             for code, count in sorted(stats.codes.copy().items()):
                 requests.add_metric([tenant, app, str(code)], count)
-            buckets, total, count = list(stats.buckets), stats.sum, stats.count
-            cumulative, running = [], 0
-            for le, n in zip(_LE, buckets, strict=True):
-                running += n
-                cumulative.append((le, running))
-            cumulative[-1] = ("+Inf", max(running, count))
-            duration.add_metric([tenant, app], cumulative, total)
+            duration.add_metric([tenant, app], cumulative_buckets(BOUNDS, list(stats.buckets), stats.count),
+                                stats.sum)
         yield requests
         yield duration
         rejections = CounterMetricFamily("elasticd_quota_rejections_total",

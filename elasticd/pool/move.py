@@ -28,6 +28,7 @@ that arrive for a move that has ended are the shell's to drop: it finds moves by
 from __future__ import annotations
 
 import enum
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Final
 
@@ -315,10 +316,7 @@ class MoveStats:
     def add(self, tenant: str, app: str, summary: MoveSummary) -> None:
         key = (tenant, app, summary.outcome.value)
         self.outcomes[key] = self.outcomes.get(key, 0) + 1
-        i = 0
-        while i < len(DURATION_BOUNDS) and summary.seconds > DURATION_BOUNDS[i]:
-            i += 1
-        self.buckets[i] += 1
+        self.buckets[bisect_left(DURATION_BOUNDS, summary.seconds)] += 1
         self.count += 1
         self.sum += summary.seconds
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from elasticd.histogram import cumulative_buckets
 from elasticd.pool.manager import LIMITED_RESOURCES, PoolManager
 from elasticd.pool.move import DURATION_BOUNDS, MoveStats, Outcome
 
@@ -66,11 +67,7 @@ def _moves(stats: MoveStats, groups: list[tuple[str, str, str]]) -> Iterator[Met
         for outcome in Outcome:
             moves.add_metric([tenant, app, outcome.value], stats.outcomes.get((tenant, app, outcome.value), 0))
     yield moves
-    cumulative, buckets = 0, []
-    for bound, count in zip((*DURATION_BOUNDS, float("inf")), stats.buckets, strict=True):
-        cumulative += count
-        buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
     duration = HistogramMetricFamily("elasticd_move_duration_seconds",
                                      "Seconds from a move's flag (its user's requests held) to its switch or abort.")
-    duration.add_metric([], buckets, sum_value=stats.sum)
+    duration.add_metric([], cumulative_buckets(DURATION_BOUNDS, stats.buckets, stats.count), sum_value=stats.sum)
     yield duration
