@@ -17,6 +17,8 @@ from typing import Any
 import aiohttp
 
 from elasticd.accounting.high import SORTS, render_high
+from elasticd.config.units import UnitError, parse_duration
+from elasticd.monitor.terminal import render_population, render_watch
 
 __all__ = ["AdminClient", "ApiError", "main"]
 
@@ -253,17 +255,74 @@ def render_pool(data: dict[str, Any]) -> str:
     return "\n".join(out).rstrip()
 
 
-async def _pool(client: AdminClient, args: argparse.Namespace) -> int:
+def _app_path(args: argparse.Namespace, command: str) -> str | None:
     tenant, _, app = args.target.partition("/")
-    if not tenant or not app:
-        print("pool: name the app as TENANT/APP", file=sys.stderr)
+    if not tenant or not app or "/" in app:
+        print(f"{command}: name the app as TENANT/APP", file=sys.stderr)
+        return None
+    return f"/v1/apps/{tenant}/{app}"
+
+
+async def _pool(client: AdminClient, args: argparse.Namespace) -> int:
+    path = _app_path(args, "pool")
+    if path is None:
         return 2
-    code, data = await client.request("GET", f"/v1/apps/{tenant}/{app}/pool")
+    if args.watch:
+        return await _watch(client, path + "/pool", args.interval)
+    code, data = await client.request("GET", path + "/pool")
     if code != 200:
         print(f"pool: {data.get('error') or f'HTTP {code}'}", file=sys.stderr)
         return 1
     print(json.dumps(data, indent=2) if args.json else render_pool(data))
     return 0
+
+
+_CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen: what top and systemd-cgtop redraw with
+
+
+async def _watch(client: AdminClient, path: str, interval: float) -> int:
+    """Redraw the pool every ``interval`` until Ctrl-C; an app that is not there (any more) ends it (1), an
+    elasticd that does not answer is said on screen, and the view goes on (it may be restarting)."""
+    tty = sys.stdout.isatty()
+    try:
+        while True:
+            at = time.strftime("%H:%M:%S")
+            try:
+                code, data = await client.request("GET", path)
+            except ApiError as exc:
+                screen = f"{at}: {exc} (trying again every {interval:g}s)\n"
+            else:
+                if code != 200:
+                    print(f"pool: {data.get('error') or f'HTTP {code}'}", file=sys.stderr)
+                    return 1
+                screen = render_watch(data, at, interval)
+            sys.stdout.write((_CLEAR if tty else "\n") + screen)
+            sys.stdout.flush()
+            await asyncio.sleep(interval)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        return 0
+
+
+async def _population(client: AdminClient, args: argparse.Namespace) -> int:
+    path = _app_path(args, "population")
+    if path is None:
+        return 2
+    code, data = await client.request("GET", path + "/population")
+    if code != 200:
+        print(f"population: {data.get('error') or f'HTTP {code}'}", file=sys.stderr)
+        return 1
+    print(json.dumps(data, indent=2) if args.json else render_population(data))
+    return 0
+
+
+def _interval(text: str) -> float:
+    try:
+        value = parse_duration(text)
+    except (UnitError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 0.1:
+        raise argparse.ArgumentTypeError(f"{text}: at least 100ms")
+    return value
 
 
 async def _drain(client: AdminClient, args: argparse.Namespace) -> int:
@@ -301,8 +360,18 @@ def parser() -> argparse.ArgumentParser:
     _high_parser(sub)
     pool = sub.add_parser("pool", help="an app's elastic pool: workers, occupancy, the ledger, last decisions")
     pool.add_argument("target", metavar="TENANT/APP")
-    pool.add_argument("--json", action="store_true")
+    shown = pool.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true")
+    shown.add_argument("--watch", action="store_true", help="redraw it every --interval, with occupancy bars, "
+                                                             "until Ctrl-C")
+    pool.add_argument("--interval", type=_interval, default=2.0, metavar="DURATION",
+                      help="between two redraws of --watch (default 2s; 500ms, 5s...)")
     pool.set_defaults(run=_pool)
+    population = sub.add_parser("population", help="an app's users: worker, consumption, pages, connections, "
+                                                   "last seen (every worker asked)")
+    population.add_argument("target", metavar="TENANT/APP")
+    population.add_argument("--json", action="store_true")
+    population.set_defaults(run=_population)
     drain = sub.add_parser("drain", help="take a worker out: no new users, every user moved off (with its state), "
                                          "then retired")
     drain.add_argument("worker", metavar="WORKER_ID", help="tenant.app.group.N, as elasticctl pool shows it")

@@ -41,6 +41,10 @@ from elasticd.front import Front, RouteTable, Upstream
 from elasticd.limits.overrides import effective
 from elasticd.limits.runtime import LimitsReply, RuntimeLimits
 from elasticd.metrics import MetricsServer
+from elasticd.monitor.auth import read_credentials
+from elasticd.monitor.census import ask_all
+from elasticd.monitor.page import MonitorPage
+from elasticd.monitor.population import fuse
 from elasticd.pool.budget import CPU_SAMPLES, UNLIMITED, Budget, budget_of, enforced
 from elasticd.pool.channel import ChannelServer
 from elasticd.pool.evaluator import SMOOTHING_ROWS
@@ -87,6 +91,7 @@ class Daemon:
         "last_reload",
         "limits",
         "metrics",
+        "monitor",
         "mover",
         "notifier",
         "pool",
@@ -123,8 +128,10 @@ class Daemon:
         self.pool.mover = self.mover
         self.front.kept = self._kept
         self.sampler = Sampler()
+        self.monitor = MonitorPage(self.monitor_state)  # its credentials are read in run() (and at each reload)
         self.metrics = MetricsServer(server.metrics_listen, self.sampler, self._limits_in_force,
-                                     extra_collectors=[self.front.collector(), PoolCollector(self.pool)])
+                                     extra_collectors=[self.front.collector(), PoolCollector(self.pool)],
+                                     routes=[self.monitor.add_routes])
         self.api = AdminApi(self, server.admin_socket, server.admin_group)
         self.started_at = time.time()
         self.last_reload: ReloadResult | None = None
@@ -275,10 +282,12 @@ class Daemon:
             self.notifier.reloading()
             try:
                 new = load_config(self.config_path)
-            except ConfigError as exc:
+                credentials = read_credentials(new.server.monitor)
+            except (ConfigError, ValueError) as exc:
                 log.error("reload refused, the running configuration stays: %s\n%s", self.config_path, exc)
                 result = ReloadResult(ok=False, error=f"{self.config_path}:\n{exc}")
             else:
+                self.monitor.credentials = credentials
                 result = ReloadResult(ok=True, problems=restart_only_changes(self.config, new))
                 for problem in result.problems:
                     log.warning("%s", problem)
@@ -311,6 +320,32 @@ class Daemon:
                      "seconds": round(rec.seconds, 3)} for user, rec in surface.on(worker_id)]
 
         return self.pool.describe(tenant, app, users_of)
+
+    async def population(self, tenant: str, app: str) -> dict[str, Any]:
+        """GET /v1/apps/{tenant}/{app}/population: every user of the app, fused from the workers' registers
+        (asked over the channel, all at once) and the front's consumption; LookupError for an unknown app."""
+        configured = self.config.tenants.get(tenant)
+        if configured is None or app not in configured.apps:
+            raise LookupError(f"no app {tenant}/{app} in the running configuration")
+        workers = [(w.id, group) for group in configured.apps[app].groups
+                   for w in self.supervisor.workers_of((tenant, app, group)) if w.routable]
+        answers = await ask_all(self.channel, workers)
+        surface = self.front.surface
+        rows = fuse(answers, list(surface.users.items()), self.front.clock(), dict(surface.newcomers.used))
+        return {"tenant": tenant, "app": app, "users": sum(1 for r in rows if "error" not in r),
+                "errors": sum(1 for r in rows if "error" in r), "rows": rows}
+
+    async def monitor_state(self, app: str | None) -> dict[str, Any]:
+        """The monitor page's state (GET /monitor/state): the apps, and for one of them (the first when None)
+        its pool and its population. LookupError for an app that is not configured."""
+        apps = [f"{t.name}/{a.name}" for t, a in self.config.apps()]
+        chosen = app if app is not None else (apps[0] if apps else None)
+        state: dict[str, Any] = {"apps": apps, "app": chosen, "at": time.time(), "version": __version__}
+        if chosen is not None:
+            tenant, _, name = chosen.partition("/")
+            state["pool"] = self.pool_state(tenant, name)
+            state["population"] = await self.population(tenant, name)
+        return state
 
     async def usage(self, interval_ms: int, apps: bool) -> dict[str, Any]:
         """Two reads of the tenant groups, ``interval_ms`` apart (GET /v1/tenants/usage)."""
@@ -363,6 +398,7 @@ class Daemon:
 
     async def run(self) -> int:
         try:
+            self.monitor.credentials = read_credentials(self.config.server.monitor)
             self.cgroups.claim(self.config.server.cgroups)
             os.makedirs(os.path.join(self.config.server.runtime_dir, "workers"), mode=0o755, exist_ok=True)
             await self.api.start()
@@ -447,7 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         try:
             config = load_config(args.config)
-        except ConfigError as exc:
+            read_credentials(config.server.monitor)
+        except (ConfigError, ValueError) as exc:
             print(f"{args.config}: invalid configuration", file=sys.stderr)
             print(exc, file=sys.stderr)
             return 1

@@ -3,7 +3,9 @@
 Run as ``python -m elasticd.demo``, serving on ``ELASTIC_LISTEN`` (``unix:/path.sock`` or ``tcp:HOST:PORT``).
 Routes: ``/``, ``/cpu?ms=``, ``/mem?mb=``, ``/mem/free``, ``/sleep?ms=``, ``/fork?n=``, ``/io?mb=&path=``,
 ``/echo`` (``?raw=1`` streams the body back), ``/ws`` (a WebSocket echo), ``/login?name=``, ``/logout``,
-``/counter`` (this user's in-process counter as JSON: the state a live move carries). It holds
+``/counter`` (this user's in-process counter as JSON: the state a live move carries), ``/blocking?ms=``
+(a blocking call in the library's executor: its queue is the report's ``queue_depth``), ``/pages?n=``
+(this user now has n pages open, as an app reports them to the sensor). It holds
 what it takes (memory, children) until told or until it exits: a limit is only proven by something that stays.
 """
 
@@ -22,7 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from elasticd.aiohttp_grace import grace
-from elasticd.worker import STATES_KEY, USER_HEADER, setup, user_state
+from elasticd.worker import SENSOR_KEY, STATES_KEY, USER_HEADER, run_sync, sensor, setup, user_state
 
 MAX_MS, MAX_FORK, PAGE = 600_000, 100_000, 4096
 MAX_MB = 1 << 20  # 1 TiB: the kernel, not this app, should be what says no
@@ -187,12 +189,34 @@ async def counter(request: web.Request) -> web.Response:
     return _json({"user": user or None, "count": state["count"], "worker": WORKER})
 
 
+async def blocking(request: web.Request) -> web.Response:
+    """A blocking call (time.sleep, as a synchronous driver would) run in the library's executor: while all its
+    threads are taken, the next calls wait, and the report's executor.queue_depth counts them."""
+    ms = _int(request, "ms", 0, MAX_MS)
+    if SENSOR_KEY not in request.app:
+        raise web.HTTPConflict(text="/blocking needs the library (elasticd.worker.setup): this worker runs without\n")
+    started = time.monotonic()
+    await run_sync(request, time.sleep, ms / 1000)
+    return _json({"slept_ms": ms, "waited_ms": round((time.monotonic() - started) * 1000) - ms})
+
+
+async def pages(request: web.Request) -> web.Response:
+    """This user now has ``n`` pages open: what an app that knows its pages reports to the sensor."""
+    n = _int(request, "n", 0, 10_000)
+    user = request.headers.get(USER_HEADER, "")
+    if SENSOR_KEY not in request.app or not user:
+        raise web.HTTPConflict(text="/pages needs the library and a user (through elasticd's front)\n")
+    sensor(request.app).pages(user, n)
+    return _json({"user": user, "pages": n})
+
+
 def make_app() -> web.Application:
     app = web.Application()
     app.add_routes([web.get("/", index), web.get("/cpu", cpu), web.get("/mem", mem),
                     web.get("/mem/free", mem_free), web.get("/sleep", sleep), web.get("/fork", fork),
                     web.get("/io", io), web.route("*", "/echo", echo), web.get("/ws", ws), web.get("/login", login),
-                    web.get("/logout", logout), web.get("/counter", counter)])
+                    web.get("/logout", logout), web.get("/counter", counter), web.get("/blocking", blocking),
+                    web.get("/pages", pages)])
     # The occupancy sensor and its channel (elasticd.worker), unless asked to be sensed from outside like a
     # worker in any language would be (DEMO_SENSORLESS=1).
     if os.environ.get("ELASTIC_CHANNEL") and os.environ.get("DEMO_SENSORLESS") != "1":

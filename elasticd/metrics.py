@@ -1,5 +1,6 @@
-"""GET /metrics on ``server.metrics_listen``: the cgroup accounting (accounting/tenant_metrics.py), elasticd's
-own process metrics and build info, and whatever collectors other parts add, in the Prometheus text format.
+"""GET /metrics on ``server.metrics_listen`` (and the monitor's routes beside it, ``monitor/page.py``): the
+cgroup accounting (accounting/tenant_metrics.py), elasticd's own process metrics and build info, and whatever
+collectors other parts add, in the Prometheus text format.
 
 prometheus-client 0.16 (Debian bookworm) has no aiohttp integration: the page is the registry's text
 format (generate_latest's bytes, written faster by accounting/exposition.py), served by aiohttp here.
@@ -70,12 +71,14 @@ class MetricsServer:
     asked at every scrape. ``registry`` holds everything served.
     """
 
-    __slots__ = ("_executor", "_runner", "address", "extra_collectors", "port", "registry")
+    __slots__ = ("_executor", "_routes", "_runner", "address", "extra_collectors", "port", "registry")
 
     def __init__(self, address: Address, sampler: SampleSource,
                  limits_provider: Callable[[], Mapping[str, Resources]],
-                 extra_collectors: Iterable[Collector] = ()) -> None:
+                 extra_collectors: Iterable[Collector] = (),
+                 routes: Iterable[Callable[[web.Application], None]] = ()) -> None:
         self.address = address
+        self._routes = list(routes)  # other pages on the same listener (the monitor's)
         self.port: int | None = None
         self.extra_collectors: list[Collector] = list(extra_collectors)
         # A private registry: nothing any library registers globally ends up on our page by surprise.
@@ -109,6 +112,8 @@ class MetricsServer:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
+        for add_routes in self._routes:
+            add_routes(app)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elasticd-metrics")
         on_runner, on_site = grace(1.0)  # a scrape in progress at a stop is not worth waiting for
         self._runner = web.AppRunner(app, access_log=None, **on_runner)
@@ -116,6 +121,8 @@ class MetricsServer:
         await web.TCPSite(self._runner, self.address.host, self.address.port, **on_site).start()
         self.port = _bound_port(self._runner) or self.address.port
         log.info("metrics on http://%s/metrics", Address(self.address.host, self.port))
+        if self._routes:
+            log.info("monitor on http://%s/monitor", Address(self.address.host, self.port))
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -8,7 +8,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 from elasticd.front.core import http1
 from elasticd.front.core.counters import ForwardCounters
 from elasticd.front.core.http1 import CHUNK, EOF, LENGTH, NONE, read_request, read_response, upstream_head
-from elasticd.front.core.sticky import SurfaceUser
 from elasticd.front.request_metrics import FrontCollector
 
 USER = b"0123456789abcdef0123456789abcdef"
@@ -192,20 +191,18 @@ class Req:
 
 def test_forward_accounting() -> None:
     acct = ForwardCounters()
-    alice = SurfaceUser("w1", 0.0)
     w1, w2 = acct.worker("w1"), acct.worker("w2")
     shop = acct.route("acme", "shop")
     a, b, c = Req("alice", "w1", 1.0), Req("bob", "w2", 2.0), Req("alice", "w1", 3.0)
     ra, rb, rc = acct.opened(a), acct.opened(b), acct.opened(c)
     assert len({ra, rb, rc}) == 3
     assert acct.open_of("alice") == [a, c] and acct.open_by_worker() == {"w1": 2, "w2": 1}
-    acct.closed(ra, 200, 0.004, w1, shop, alice)
-    acct.closed(rb, 502, 0.3, w2, shop, None)
+    acct.closed(ra, 200, 0.004, w1, shop)
+    acct.closed(rb, 502, 0.3, w2, shop)
     assert acct.open_of("alice") == [c]
-    acct.closed(acct.opened(Req("alice", "w1", 4.0)), 200, 0.004, w1, shop, alice)
+    acct.closed(acct.opened(Req("alice", "w1", 4.0)), 200, 0.004, w1, shop)
     assert (w1.requests, w1.errors, w1.seconds) == (2, 0, pytest.approx(0.008))
     assert (w2.requests, w2.errors, w2.seconds) == (1, 1, pytest.approx(0.3))
-    assert (alice.requests, alice.seconds) == (2, pytest.approx(0.008))
     assert shop.codes == {200: 2, 502: 1} and shop.count == 3 and shop.sum == pytest.approx(0.308)
     assert shop.buckets[0] == 2 and shop.buckets[7] == 1  # ≤ 5 ms twice, 0.3 s in the ≤ 0.5 s bucket
     acct.refused("acme", "rate")
@@ -220,7 +217,7 @@ def test_collector_exposes_the_three_families() -> None:
     shop = acct.route("acme", "shop")
     counters = acct.worker("w1")
     for seconds in (0.001, 0.02, 3.0):
-        acct.closed(acct.opened(Req(None, "w1", 0.0)), 200, seconds, counters, shop, None)
+        acct.closed(acct.opened(Req(None, "w1", 0.0)), 200, seconds, counters, shop)
     shop.answered(429)
     acct.refused("acme", "rate")
     registry = CollectorRegistry()

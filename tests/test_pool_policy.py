@@ -35,6 +35,12 @@ def test_report_parses_the_fixed_shape():
     assert report.executor == Executor(2, 8, 0)
     assert (report.cpu, report.rss, report.users) == (0.25, 1000, 3)
     assert parse_report({"cpu": None}).cpu is None  # the first tick has no cpu delta
+    assert (report.pages, report.backlog) == (4, 0)
+
+
+def test_what_a_worker_does_not_measure_reads_none_not_zero():
+    report = parse_report({"users": 1, "executor": {"busy": 0, "total": 8}})
+    assert (report.pages, report.backlog, report.executor) == (None, None, Executor(0, 8, None))
 
 
 @pytest.mark.parametrize(("data", "reason"), [
@@ -47,6 +53,10 @@ def test_report_parses_the_fixed_shape():
     ({"executor": 3}, "executor: not an object"),
     ({"rss": -5}, "rss: -5 is not a byte count"),
     ({"weather": "sunny"}, "unknown fields: weather"),
+    ({"pages": -2}, "pages: -2 is not a count"),
+    ({"backlog": 1.5}, "backlog: 1.5 is not a count"),
+    ({"executor": {"busy": 1, "total": 2, "queue_depth": "x"}}, "queue_depth: 'x' is not a count"),
+    ({"executor": {"busy": 1, "total": 2, "waiting": 1}}, "executor: unknown fields: waiting"),
 ])
 def test_report_refusals(data, reason):
     with pytest.raises(ReportError, match=reason.replace("(", r"\(")):

@@ -42,6 +42,7 @@ class Control(Protocol):
     async def set_limits(self, tenant: str, body: Any) -> LimitsOutcome: ...
     async def usage(self, interval_ms: int, apps: bool) -> dict[str, Any]: ...
     def pool_state(self, tenant: str, app: str) -> dict[str, Any]: ...
+    async def population(self, tenant: str, app: str) -> dict[str, Any]: ...
     async def drain(self, worker_id: str) -> dict[str, Any]: ...
 
 
@@ -66,6 +67,7 @@ class AdminApi:
         app.router.add_get("/v1/tenants/usage", self._usage)
         app.router.add_post("/v1/tenants/{tenant}/limits", self._set_limits)
         app.router.add_get("/v1/apps/{tenant}/{app}/pool", self._pool)
+        app.router.add_get("/v1/apps/{tenant}/{app}/population", self._population)
         app.router.add_post("/v1/workers/{worker}/drain", self._drain)
         return app
 
@@ -119,6 +121,15 @@ class AdminApi:
         try:
             return web.json_response(self._control.pool_state(request.match_info["tenant"],
                                                               request.match_info["app"]))
+        except LookupError as exc:
+            return web.json_response({"error": str(exc)}, status=404)
+
+    async def _population(self, request: web.Request) -> web.Response:
+        """Answers within the monitor's timeout whatever the workers do: one that does not answer is an error
+        row."""
+        try:
+            return web.json_response(await self._control.population(request.match_info["tenant"],
+                                                                    request.match_info["app"]))
         except LookupError as exc:
             return web.json_response({"error": str(exc)}, status=404)
 

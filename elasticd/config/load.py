@@ -26,6 +26,7 @@ from elasticd.config.model import (
     CgroupSettings,
     Config,
     Group,
+    MonitorAuth,
     PoolSettings,
     Quotas,
     Resources,
@@ -64,7 +65,7 @@ _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 _SERVER_KEYS = ("listen", "metrics_listen", "admin_socket", "admin_group", "runtime_dir", "cgroups",
                 "sample_interval", "occupancy_interval", "request_timeout", "stop_timeout", "user_ttl",
-                "hung_after", "move_timeout")
+                "hung_after", "move_timeout", "monitor")
 _TENANT_KEYS = ("user", "group", "resources", "quotas", "apps")
 _RESOURCE_KEYS = ("cpu", "memory", "swap", "pids", "io_weight", "io_bandwidth")
 _QUOTA_KEYS = ("max_concurrent_requests", "requests_per_second", "burst")
@@ -93,6 +94,7 @@ def _server(walk: Walk, node: Any, line: int | None) -> Server:
                    f"hung_after ({hung_after:g}s) must be at least 3 occupancy intervals "
                    f"({3 * occupancy_interval:g}s): a worker is called hung only after 3 missed reports")
     return Server(
+        monitor=_monitor(walk, m),
         listen=walk.value(m, "listen", "server", address, d.listen),
         metrics_listen=walk.value(m, "metrics_listen", "server", address, d.metrics_listen),
         admin_socket=walk.value(m, "admin_socket", "server", absolute_path, d.admin_socket),
@@ -107,6 +109,27 @@ def _server(walk: Walk, node: Any, line: int | None) -> Server:
         hung_after=hung_after,
         move_timeout=walk.value(m, "move_timeout", "server", duration, d.move_timeout),
     )
+
+
+def _monitor(walk: Walk, server: CommentedMap) -> MonitorAuth | None:
+    """``server.monitor: {user, password_file}``: both, or no key at all (an auth half given is refused, not
+    taken for no auth)."""
+    if server.get("monitor") is None:
+        return None
+    line = walk.key_line(server, "monitor")
+    m = walk.mapping(server["monitor"], "server.monitor", line, ("user", "password_file"))
+    if not isinstance(server["monitor"], CommentedMap):
+        return None
+    user = walk.value(m, "user", "server.monitor", string, None)
+    password_file = walk.value(m, "password_file", "server.monitor", absolute_path, None)
+    for key, value in (("user", user), ("password_file", password_file)):
+        if value is None and key not in m:
+            walk.error(f"server.monitor.{key}", line, "missing: basic auth needs a user and a password_file")
+    if user is not None and (not user or ":" in user or not user.isprintable()):
+        walk.error("server.monitor.user", walk.key_line(m, "user"),
+                   f'"{user}" cannot be a basic-auth user (not empty, printable, no ":")')
+        return None
+    return MonitorAuth(user, password_file) if user is not None and password_file is not None else None
 
 
 def _nonzero_size(value: Any) -> int | None:

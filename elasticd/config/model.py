@@ -9,8 +9,8 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["Address", "App", "CgroupSettings", "Config", "Group", "PoolSettings", "Quotas", "Resources", "RunAs",
-           "Server", "Tenant", "default_burst"]
+__all__ = ["Address", "App", "CgroupSettings", "Config", "Group", "MonitorAuth", "PoolSettings", "Quotas", "Resources",
+           "RunAs", "Server", "Tenant", "default_burst"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,15 @@ class CgroupSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class MonitorAuth:
+    """``server.monitor``: basic auth for the monitor page (it shows user names). The password is the first line
+    of ``password_file``, read by the daemon at start and at each reload (monitor/auth.py)."""
+
+    user: str
+    password_file: str
+
+
+@dataclass(frozen=True, slots=True)
 class Server:
     listen: Address = Address("127.0.0.1", 8080)
     metrics_listen: Address = Address("127.0.0.1", 9464)
@@ -43,6 +52,7 @@ class Server:
     user_ttl: float = 1800.0
     hung_after: float = 30.0  # silent AND making no progress this long = hung (never under 3 intervals)
     move_timeout: float = 10.0  # a live move's hard deadline: a moving user's requests are held at most this
+    monitor: MonitorAuth | None = None  # None: /monitor answers without auth (metrics_listen is loopback)
 
 
 @dataclass(frozen=True, slots=True)

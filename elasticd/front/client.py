@@ -213,7 +213,7 @@ class ClientConn(asyncio.Protocol):
         """The worker's answer is complete and was relayed (its connection went back to its pool or closed)."""
         front = self.front
         now = self.active_at  # stamped by the worker side as the answer's last bytes came
-        ex.end(EVENT_ANSWER_END, ex.status, now, front.forwards)  # front.settle(), its common case inlined
+        ex.end(EVENT_ANSWER_END, ex.status, now, front.forwards, front.surface)  # front.settle(), inlined
         if ex.login is not None:
             front.logged_in(ex, now)
         relay = self.relay

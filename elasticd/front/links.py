@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from elasticd.front.core.counters import ForwardCounters
 from elasticd.front.core.exchange import Exchange, Link
 from elasticd.front.core.relay import Event
+from elasticd.front.core.sticky import Surface
 
 __all__ = ["ClientSide", "FrontSide", "WorkerSide"]
 
@@ -56,6 +57,7 @@ class FrontSide(Protocol):
     max_header_bytes: int
     request_timeout: float
     stopping: bool
+    surface: Surface
 
     def dispatch(self, client: Any, ex: Exchange) -> None: ...
 

@@ -377,7 +377,7 @@ class Front:
         """A forwarded exchange ends (``Exchange.end``: its phase, counters and quota), and a login its answer
         carried is handed to the surface and the pool's placement."""
         now = self.clock()
-        ex.end(event, status, now, self.forwards)
+        ex.end(event, status, now, self.forwards, self.surface)
         if ex.login is not None:
             self.logged_in(ex, now)
 

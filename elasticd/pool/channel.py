@@ -9,9 +9,10 @@ user's too. So a worker can never report for another, even one that learned its 
 ``{"type": "occupancy", "report": {...}}`` lines follow; a malformed one is refused with a reason and the
 connection stays; nothing a peer sends can raise out of this module.
 
-elasticd also asks a worker things, for a live move (``request``): ``snapshot`` a user's package, ``install``
-one, ``forget`` a user. Each request carries an id, its answer names it (``package``, ``installed`` or
-``refused``), and a package travels as raw bytes after its line (``elasticd.frames``). An answer nobody waits
+elasticd also asks a worker things (``request``): for a live move, ``snapshot`` a user's package, ``install``
+one, ``forget`` a user; for the population, ``monitor`` (its register of users). Each request carries an id,
+its answer names it (``package``, ``installed``, ``register`` or ``refused``), and a package travels as raw
+bytes after its line (``elasticd.frames``). An answer nobody waits
 for any more (its request timed out) is dropped; a connection that closes fails what was asked on it.
 """
 
@@ -35,7 +36,7 @@ __all__ = ["MAX_LINE", "ChannelError", "ChannelServer", "peer_credentials"]
 
 log = logging.getLogger("elasticd.channel")
 
-_ANSWERS = frozenset({"package", "installed", "refused"})
+_ANSWERS = frozenset({"package", "installed", "refused", "register"})
 
 
 class ChannelError(Exception):

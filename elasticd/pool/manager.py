@@ -20,6 +20,7 @@ scale-up that the tenant's cpu.max, memory.max or pids.max would leave with noth
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -572,6 +573,8 @@ class PoolManager:
                     "rates": None if rates is None else {"rps": round(rates.rps, 3), "latency": rates.latency,
                                                          "error_rate": round(rates.error_rate, 3)},
                     "users": users_of(worker.id),
+                    # Its latest reading as reported (or sensed): what is not measured is absent or None.
+                    "last_report": _report_json(rows[-1].report) if rows else None,
                 })
             book = ledger(occupancies, entry.pool)
             pool = entry.pool
@@ -612,6 +615,13 @@ class PoolManager:
 
     def _spawn(self, coroutine: Any) -> None:
         self._tasks.spawn(coroutine)
+
+
+def _report_json(report: Report) -> dict[str, Any]:
+    data = dataclasses.asdict(report)
+    if data["executor"] is not None and data["executor"]["queue_depth"] is None:
+        del data["executor"]["queue_depth"]
+    return data
 
 
 def _key_of(worker_id: str) -> GroupKey | None:

@@ -2,6 +2,9 @@
 
 The worker is a sensor: it reads raw quantities and passes no judgement. ``parse_report`` validates a
 report received over the channel (refusing, with a reason, anything of the wrong shape) into a ``Report``.
+A quantity the worker does not measure is left out of its report, and reads None here, not 0: ``pages`` and
+``backlog`` (the app's own, through the library's sensor API), the executor's ``queue_depth`` (the library's
+executor helper). A field that is always 0 is not a reading.
 """
 
 from __future__ import annotations
@@ -21,19 +24,19 @@ class ReportError(ValueError):
 class Executor:
     busy: int
     total: int
-    queue_depth: int = 0
+    queue_depth: int | None = None  # requests waiting for the executor (None: not measured)
 
 
 @dataclass(frozen=True, slots=True)
 class Report:
     users: int = 0  # drift sentinels only: decisions use the front's surface, which is fresher
-    pages: int = 0
-    connections: int = 0
+    pages: int | None = None  # pages the users have open, as the app counts them (None: not reported)
+    connections: int = 0  # responses streaming and WebSockets open
     active_users: int = 0  # users with a non-system request within the window
     executor: Executor | None = None  # the saturation signal
     cpu: float | None = None  # process CPU as a fraction of one core since the last tick (None on the first)
     rss: int | None = None  # bytes (None where /proc is absent)
-    backlog: int = 0  # drain sentinel
+    backlog: int | None = None  # drain sentinel: the app's own queued work (None: not reported)
     load: float | None = None  # getloadavg: machine-level, diagnostic only
     # Seconds since the worker's event loop last ran its heartbeat (the library reports from a thread of its
     # own, so a handler holding the loop cannot silence it; this says whether the loop itself is stuck).
@@ -41,7 +44,8 @@ class Report:
     loop_lag: float | None = None
 
 
-_COUNTS = ("users", "pages", "connections", "active_users", "backlog")
+_COUNTS = ("users", "connections", "active_users")
+_OPTIONAL_COUNTS = ("pages", "backlog")
 
 
 def _count(data: dict[str, Any], key: str) -> int:
@@ -49,6 +53,10 @@ def _count(data: dict[str, Any], key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ReportError(f"{key}: {value!r} is not a count (a whole number ≥ 0)")
     return value
+
+
+def _optional_count(data: dict[str, Any], key: str) -> int | None:
+    return None if data.get(key) is None else _count(data, key)
 
 
 def _fraction(data: dict[str, Any], key: str, *, upper: float | None = None) -> float | None:
@@ -65,7 +73,7 @@ def _fraction(data: dict[str, Any], key: str, *, upper: float | None = None) -> 
 def parse_report(data: Any) -> Report:
     if not isinstance(data, dict):
         raise ReportError("the report is not an object")
-    unknown = set(data) - {*_COUNTS, "executor", "cpu", "rss", "load", "loop_lag"}
+    unknown = set(data) - {*_COUNTS, *_OPTIONAL_COUNTS, "executor", "cpu", "rss", "load", "loop_lag"}
     if unknown:
         raise ReportError(f"unknown fields: {', '.join(sorted(map(str, unknown)))}")
     executor = None
@@ -73,7 +81,10 @@ def parse_report(data: Any) -> Report:
         raw = data["executor"]
         if not isinstance(raw, dict):
             raise ReportError("executor: not an object {busy, total, queue_depth}")
-        busy, total, depth = (_count(raw, k) for k in ("busy", "total", "queue_depth"))
+        unknown = set(raw) - {"busy", "total", "queue_depth"}
+        if unknown:
+            raise ReportError(f"executor: unknown fields: {', '.join(sorted(map(str, unknown)))}")
+        busy, total, depth = _count(raw, "busy"), _count(raw, "total"), _optional_count(raw, "queue_depth")
         if total == 0:
             raise ReportError("executor.total: must be at least 1")
         executor = Executor(busy=busy, total=total, queue_depth=depth)
@@ -81,6 +92,8 @@ def parse_report(data: Any) -> Report:
     if rss is not None and (isinstance(rss, bool) or not isinstance(rss, int) or rss < 0):
         raise ReportError(f"rss: {rss!r} is not a byte count")
     # A process tree may use more than one core; 1024 cores is a sanity bound, not a model.
-    return Report(**{k: _count(data, k) for k in _COUNTS}, executor=executor,
+    return Report(users=_count(data, "users"), connections=_count(data, "connections"),
+                  active_users=_count(data, "active_users"), pages=_optional_count(data, "pages"),
+                  backlog=_optional_count(data, "backlog"), executor=executor,
                   cpu=_fraction(data, "cpu", upper=1024.0), rss=rss, load=_fraction(data, "load"),
                   loop_lag=_fraction(data, "loop_lag"))

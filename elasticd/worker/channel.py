@@ -9,7 +9,10 @@ Newline-delimited JSON over the Unix socket (``elasticd.frames``): one object pe
 language and to refuse line by line; a live move's package follows its line as raw bytes. If elasticd is not
 there (restarting), the client retries with a capped backoff; a report is never queued for later (an old
 reading is confidently wrong, a missing one merely imprecise). elasticd's move requests (snapshot, install,
-forget) are handed to the ``MoveHandler``'s own thread, which answers on the same socket.
+forget) are handed to the ``MoveHandler``'s own thread, which answers on the same socket; its ``monitor``
+request (the population: ``{"type": "monitor", "id": N}``) is answered at once from this thread, with the
+sensor's register (``{"type": "register", "id": N, "users": [...]}``): a copy of a small table, and never
+behind a big package being pickled.
 """
 
 from __future__ import annotations
@@ -35,12 +38,13 @@ _REPLY_TIMEOUT = 30.0  # a move's answer (a package of up to 64 MiB) may take th
 
 
 class ChannelClient:
-    __slots__ = ("_lock", "_moves", "_replies", "_report", "_send_lock", "_sock", "_stop", "_thread", "interval",
-                 "path", "token", "worker_id")
+    __slots__ = ("_lock", "_moves", "_register", "_replies", "_report", "_send_lock", "_sock", "_stop", "_thread",
+                 "interval", "path", "token", "worker_id")
 
     def __init__(self, report: Callable[[float], dict[str, Any]], *, path: str | None = None,
                  worker_id: str | None = None, token: str | None = None, interval: float | None = None,
-                 moves: MoveHandler | None = None) -> None:
+                 moves: MoveHandler | None = None,
+                 register: Callable[[float], list[dict[str, Any]]] | None = None) -> None:
         channel = path or os.environ.get("ELASTIC_CHANNEL", "")
         self.path = channel.removeprefix("unix:")
         self.worker_id = worker_id or os.environ.get("ELASTIC_WORKER_ID", "")
@@ -51,6 +55,7 @@ class ChannelClient:
         self._lock = threading.Lock()  # guards _sock: stop() shuts it down to wake the thread
         self._send_lock = threading.Lock()  # the report thread and the move thread both write to the socket
         self._moves = moves  # None: the worker has no state a move could carry (moved by re-pointing only)
+        self._register = register  # the sensor's users, for the population (None: not offered)
         self._sock: socket.socket | None = None
         # The move thread's own handle on the connection (a dup): a socket's timeout is the object's, and the
         # report thread sets short ones for its reads, which would cut a big package's send short.
@@ -63,7 +68,8 @@ class ChannelClient:
 
     @property
     def capabilities(self) -> list[str]:
-        return ["occupancy", "snapshot", "install"] if self._moves is not None else ["occupancy"]
+        return (["occupancy"] + (["snapshot", "install"] if self._moves is not None else [])
+                + (["monitor"] if self._register is not None else []))
 
     @property
     def running(self) -> bool:
@@ -180,6 +186,12 @@ class ChannelClient:
             self._moves.submit(message, payload, lambda answer, data: self._send(replies, answer, data))
         elif kind in MOVE_REQUESTS:
             self._send(sock, {"type": "refused", "id": message.get("id"), "reason": "no state to move here"})
+        elif kind == "monitor":
+            if self._register is None:
+                self._send(sock, {"type": "refused", "id": message.get("id"), "reason": "no register here"})
+            else:
+                self._send(sock, {"type": "register", "id": message.get("id"),
+                                  "users": self._register(time.monotonic())})
         else:
             log.warning("elasticd sent a message this library does not know: %r", kind)
 

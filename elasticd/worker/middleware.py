@@ -1,4 +1,11 @@
-"""An aiohttp middleware that feeds the sensor: the executor's busy count and each user's activity.
+"""An aiohttp middleware that feeds the sensor: the executor's busy count, each user's activity, and the
+connections open (responses streaming, WebSockets).
+
+A response that is prepared — its head sent — while its handler still runs is a stream: a WebSocket, a
+``StreamResponse`` the handler writes to, server-sent events. aiohttp prepares a plain ``Response`` only
+after the handler returned, so the app's ``on_response_prepare`` signal, seen while the middleware still
+waits for the handler, tells the two apart with no guess about types. The stream counts as one open
+connection (the sensor's ``connections``, and its user's) until its handler returns.
 
 Routes marked with ``@system_route`` (health checks, monitors) never count as a user's activity.
 """
@@ -13,10 +20,14 @@ from aiohttp import web
 
 from elasticd.worker.sensor import Sensor
 
-__all__ = ["USER_HEADER", "sensor_middleware", "system_route"]
+__all__ = ["USER_HEADER", "sensor_middleware", "stream_watch", "system_route"]
 
 USER_HEADER = "X-Elastic-User-Id"
 _SYSTEM = "__elastic_system_route__"
+# Request keys (a Request is a mapping for exactly this): RequestKeys where aiohttp has them (a plain string warns
+# there), strings on Debian bookworm's 3.8.
+_IN_HANDLER: Any = web.RequestKey("elastic_in_handler", bool) if hasattr(web, "RequestKey") else "elastic_in_handler"
+_STREAMING: Any = web.RequestKey("elastic_streaming", bool) if hasattr(web, "RequestKey") else "elastic_streaming"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -33,9 +44,24 @@ def sensor_middleware(sensor: Sensor, clock: Callable[[], float] = time.monotoni
         if not getattr(target, _SYSTEM, False):
             sensor.touch(request.headers.get(USER_HEADER), clock())
         sensor.request_started()
+        request[_IN_HANDLER] = True
         try:
             return await handler(request)
         finally:
+            request[_IN_HANDLER] = False
             sensor.request_finished()
+            if request.get(_STREAMING):
+                sensor.stream_closed(request.headers.get(USER_HEADER), clock())
 
     return middleware
+
+
+def stream_watch(sensor: Sensor, clock: Callable[[], float] = time.monotonic) -> Any:
+    """The ``on_response_prepare`` handler that counts a stream opened (see the module's note)."""
+
+    async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
+        if request.get(_IN_HANDLER) and not request.get(_STREAMING):
+            request[_STREAMING] = True
+            sensor.stream_opened(request.headers.get(USER_HEADER), clock())
+
+    return on_prepare

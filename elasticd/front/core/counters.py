@@ -2,7 +2,8 @@
 
 - per worker, cumulative ``requests``, ``errors`` (answers >= 500, the front's own 502/504 included) and
   ``seconds`` of forwarding — the forward counters the pool's worker_metrics rows snapshot;
-- per user, ``requests`` and ``seconds``, kept on the user's surface entry so they are forgotten with it;
+- per user, ``requests`` and ``seconds`` (``consumption``), kept on the user's surface entry so they are
+  forgotten with it — credited by the exchange, which alone knows whether the answer was the worker's;
 - the open requests: a dict id → the request (``.user``, ``.worker``, ``.ts``), not a counter — a drifted
   counter never heals, a stale entry is visible and swept by its timestamp; the pool quiesces a user on it;
 - per (tenant, app), answers by status code and a latency histogram, and per tenant the quota refusals:
@@ -15,8 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Final, Protocol
-
-from elasticd.front.core.sticky import SurfaceUser
 
 __all__ = ["BOUNDS", "ForwardCounters", "OpenRequest", "RouteStats", "WorkerCounters", "bucket"]
 
@@ -120,7 +119,7 @@ class ForwardCounters:
         return self._next_id
 
     def closed(self, request_id: int, status: int, seconds: float, counters: WorkerCounters,
-               stats: RouteStats, user: SurfaceUser | None) -> None:
+               stats: RouteStats) -> None:
         """A forwarded request ended: answered with ``status`` (the front's own 502/504, or 499 when the
         client left first) after ``seconds``."""
         self.open.pop(request_id, None)
@@ -133,9 +132,6 @@ class ForwardCounters:
         stats.buckets[bucket(seconds)] += 1
         stats.count += 1
         stats.sum += seconds
-        if user is not None:
-            user.requests += 1
-            user.seconds += seconds
 
     def refused(self, tenant: str, reason: str) -> None:
         key = (tenant, reason)

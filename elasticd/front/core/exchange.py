@@ -15,6 +15,7 @@ from elasticd.front.core.quota import TenantQuota
 from elasticd.front.core.relay import (
     EVENT_ANSWER_HEAD,
     EVENT_ATTACH,
+    EVENT_CUT,
     EVENT_FAIL,
     EVENT_FORWARD,
     EVENT_RETRY,
@@ -32,7 +33,7 @@ from elasticd.front.core.relay import (
     step,
 )
 from elasticd.front.core.routing import AppRoute
-from elasticd.front.core.sticky import SurfaceUser
+from elasticd.front.core.sticky import Surface, SurfaceUser
 
 __all__ = ["NO_HEAD", "Exchange", "Link"]
 
@@ -86,11 +87,14 @@ class Exchange:
         self.rid = 0  # the open-requests id while FORWARDING or ANSWERING, else 0
         self.ts = 0.0
 
-    def end(self, event: Event, status: int, now: float, forwards: ForwardCounters) -> None:
+    def end(self, event: Event, status: int, now: float, forwards: ForwardCounters,
+            surface: Surface | None = None) -> None:
         """A forwarded exchange ends (``event``: answered, failed, cut, upgraded, the client left): its phase
         moves first (an illegal end raises before anything is counted), then its counters entry closes and its
         quota slot is given back — the one place that does either (with ``abandon``), so nothing is closed
-        twice or left open."""
+        twice or left open. The user is credited with the forward unless it failed in transport (the front's
+        own 502/504, an answer the worker cut): that is the worker's, not the user's; a new user's first
+        request goes to the surface's newcomers, until its cookie comes back."""
         to = NEXT[self.phase * EVENTS + event]  # step(), inlined: every forwarded request ends through here
         if to < 0 or not self.rid:  # no entry open (QUEUED, or DONE already): nothing a forward can end
             raise illegal(self.phase, event)
@@ -98,7 +102,14 @@ class Exchange:
         rid, self.rid = self.rid, 0
         counters, stats = self.counters, self.stats
         assert counters is not None and stats is not None  # set by the shell with FORWARD
-        forwards.closed(rid, status, now - self.ts, counters, stats, self.entry)
+        seconds = now - self.ts
+        forwards.closed(rid, status, seconds, counters, stats)
+        if event is not EVENT_FAIL and event is not EVENT_CUT:
+            entry = self.entry
+            if entry is not None:
+                entry.add(seconds, now)
+            elif surface is not None and self.cookie_line and self.user is not None:
+                surface.newcomers.credit(self.user, seconds, now)
         quota = self.quota
         if quota is not None:
             if quota.gate.in_flight > 0:  # quota.leave(), inlined

@@ -17,6 +17,8 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Final, Protocol
 
+from elasticd.front.core.consumption import Consumption, Newcomers
+
 __all__ = [
     "COOKIE",
     "PlaceFn",
@@ -99,22 +101,24 @@ def set_cookie_line(user: str, secure: bool) -> bytes:
     return _SET + user.encode("ascii") + (_ATTRIBUTES_SECURE if secure else _ATTRIBUTES)
 
 
-class SurfaceUser:
-    """One user on the surface. ``requests``/``seconds``: what the forward path consumed for it; ``moving``:
+class SurfaceUser(Consumption):
+    """One user on the surface, and what the forward path consumed for it (a ``Consumption`` itself rather than
+    holding one: the surface is sized by its users, and one object per user is what keeps it small); ``moving``:
     a live move of it is under way (its new requests are held, not forwarded: ``Surface.flag``); ``pinned``: its
     worker is being emptied and it waits its turn to be moved off: it is served there meanwhile, though that
     worker takes no one new."""
 
-    __slots__ = ("login", "moving", "pinned", "requests", "seconds", "seen", "worker")
+    __slots__ = ("login", "moving", "pinned", "seen", "worker")
 
-    def __init__(self, worker: str, seen: float) -> None:
+    def __init__(self, worker: str, seen: float, first: Consumption | None = None) -> None:
+        super().__init__()
         self.worker = worker
         self.login: str | None = None
         self.seen = seen
-        self.requests = 0
-        self.seconds = 0.0
         self.moving = False
         self.pinned = False
+        if first is not None:  # its first request, made before it had a cookie (a newcomer's)
+            self.absorb(first)
 
     def __repr__(self) -> str:
         return (f"SurfaceUser(worker={self.worker!r}, login={self.login!r}, seen={self.seen}, "
@@ -122,13 +126,15 @@ class SurfaceUser:
 
 
 class Surface:
-    """user id → SurfaceUser."""
+    """user id → SurfaceUser; and the newcomers, users given a cookie whose first request is credited to them
+    until they come back with it (``consumption.Newcomers``)."""
 
-    __slots__ = ("moving", "ttl", "users")
+    __slots__ = ("moving", "newcomers", "ttl", "users")
 
     def __init__(self, ttl: float) -> None:
         self.ttl = ttl
         self.users: dict[str, SurfaceUser] = {}
+        self.newcomers = Newcomers()
         self.moving = 0  # users flagged moving: while none is, the request path asks nothing about moves
 
     def __len__(self) -> int:
@@ -144,7 +150,7 @@ class Surface:
         """Point ``user`` at ``worker`` (placing a new user, re-placing one whose worker went, a move)."""
         entry = self.users.get(user)
         if entry is None:
-            entry = self.users[user] = SurfaceUser(worker, now)
+            entry = self.users[user] = SurfaceUser(worker, now, self.newcomers.claim(user))
         else:
             entry.worker = worker
             entry.seen = now
@@ -161,7 +167,7 @@ class Surface:
         """A worker said ``X-Elastic-Login: name`` (None for ``-``, logged out) answering ``user``."""
         entry = self.users.get(user)
         if entry is None:
-            entry = self.users[user] = SurfaceUser(worker, now)
+            entry = self.users[user] = SurfaceUser(worker, now, self.newcomers.claim(user))
         entry.login = name
         return entry
 
@@ -199,8 +205,10 @@ class Surface:
             self.moving -= 1
 
     def expire(self, now: float) -> list[str]:
-        """Forget users idle longer than ``ttl``; returns who went (their consumption goes with them)."""
+        """Forget users idle longer than ``ttl``; returns who went (their consumption goes with them). Newcomers
+        that did not come back within ``ttl`` go too."""
         horizon = now - self.ttl
+        self.newcomers.expire(horizon)
         gone = [user for user, entry in self.users.items() if entry.seen < horizon and not entry.moving]
         for user in gone:
             del self.users[user]

@@ -1,0 +1,142 @@
+"""The population of an app: every user, where it lives, what it consumed and what its worker says of it.
+Pure: the answers, the surface and the time are passed in.
+
+Seed 000, "Per-user consumption and the monitor": elasticd asks every routable worker that runs the library
+for its register (the ``monitor`` request over the channel: its users with their pages, connections and
+last activity) and fuses the front's consumption of each user into the user's row. A worker that did not
+answer in time is an error row ``{worker, group, error}``, never an exception; the rows of a worker without
+the library (any language) come from the surface alone: where its users are and what they consumed, with
+nothing about pages or connections (None, not 0: unmeasured is not zero).
+
+User ids are session secrets: a row shows the first eight hex digits (enough to tell users apart, as the
+pool API does), and the login name a worker gave the user.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = ["ID_SHOWN", "RegisterError", "RegisterRow", "SurfaceView", "WorkerAnswer", "fuse", "parse_register"]
+
+ID_SHOWN = 8  # hex digits of a user id a row shows
+
+
+class RegisterError(ValueError):
+    """A register that is not of the shape the library sends (a worker's bug, or not our library)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterRow:
+    user: str
+    connections: int
+    pages: int | None
+    idle: float  # seconds since the worker last saw the user active
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerAnswer:
+    """What became of asking one worker: its register, or why there is none. ``asked`` False: a worker
+    without the library (sensed from outside), whose rows come from the surface alone."""
+
+    worker: str
+    group: str
+    register: tuple[RegisterRow, ...] = ()
+    error: str | None = None
+    asked: bool = True
+
+
+class UsedView(Protocol):
+    """What the fusion reads of a user's consumption (``front.core.consumption.Consumption``)."""
+
+    requests: int
+    seconds: float
+
+    def recent(self, now: float) -> tuple[int, float]: ...
+
+
+class SurfaceView(UsedView, Protocol):
+    """What the fusion reads of a surface entry (``front.core.sticky.SurfaceUser``)."""
+
+    worker: str
+    login: str | None
+    seen: float
+
+
+def _count(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise RegisterError(f"{where}: {value!r} is not a count")
+    return value
+
+
+def parse_register(users: Any) -> tuple[RegisterRow, ...]:
+    """The ``users`` of a worker's ``register`` answer, checked: RegisterError names the first thing wrong."""
+    if not isinstance(users, list):
+        raise RegisterError("users: not a list")
+    rows = []
+    for i, raw in enumerate(users):
+        where = f"users[{i}]"
+        if not isinstance(raw, dict):
+            raise RegisterError(f"{where}: not an object")
+        user = raw.get("user")
+        if not isinstance(user, str) or not user:
+            raise RegisterError(f"{where}.user: {user!r} is not a user id")
+        pages = raw.get("pages")
+        idle = raw.get("idle")
+        if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not 0 <= idle < float("inf"):
+            raise RegisterError(f"{where}.idle: {idle!r} is not a number of seconds")
+        rows.append(RegisterRow(user, _count(raw.get("connections", 0), f"{where}.connections"),
+                                None if pages is None else _count(pages, f"{where}.pages"), float(idle)))
+    return tuple(rows)
+
+
+def fuse(answers: Sequence[WorkerAnswer], surface: Iterable[tuple[str, SurfaceView]], now: float,
+         newcomers: Mapping[str, UsedView] | None = None) -> list[dict[str, Any]]:
+    """One row per user of these workers (and one error row per worker that did not answer), grouped by group
+    and worker in the order of ``answers``, the most recently active user first within a worker.
+
+    A user the surface places on a worker is that worker's row, with the worker's register fused in when it
+    answered (pages, connections, its own idea of the last activity); a user the worker knows and the surface
+    does not is a row too: one that has not come back with its cookie yet (its first request is in
+    ``newcomers``), or one the front forgot (no consumption): the worker holds state for it all the same."""
+    newcomers = newcomers or {}
+    groups = {answer.worker: answer.group for answer in answers}
+    on_worker: dict[str, list[tuple[str, SurfaceView]]] = {answer.worker: [] for answer in answers}
+    for user, entry in surface:
+        if entry.worker in on_worker:
+            on_worker[entry.worker].append((user, entry))
+    rows: list[dict[str, Any]] = []
+    for answer in answers:
+        if answer.error is not None:
+            rows.append({"worker": answer.worker, "group": answer.group, "error": answer.error})
+        known = {row.user: row for row in answer.register}
+        worker_rows: list[dict[str, Any]] = []
+        for user, entry in on_worker[answer.worker]:
+            register = known.pop(user, None)
+            recent_requests, recent_seconds = entry.recent(now)
+            worker_rows.append({
+                "user": user[:ID_SHOWN], "login": entry.login, "worker": answer.worker,
+                "group": groups[answer.worker],
+                "pages": register.pages if register is not None else None,
+                "connections": register.connections if register is not None else None,
+                # The worker's own last sight of the user when it has one (a stream open is activity the front's
+                # per-request stamp does not see), else the front's.
+                "idle": round(register.idle if register is not None else max(now - entry.seen, 0.0), 3),
+                "requests": entry.requests, "seconds": round(entry.seconds, 6),
+                "recent_requests": recent_requests, "recent_seconds": round(recent_seconds, 6),
+                "on_surface": True, "in_register": register is not None,
+            })
+        for register in known.values():
+            used = newcomers.get(register.user)
+            recent_requests, recent_seconds = used.recent(now) if used is not None else (0, 0.0)
+            worker_rows.append({
+                "user": register.user[:ID_SHOWN], "login": None, "worker": answer.worker,
+                "group": groups[answer.worker], "pages": register.pages, "connections": register.connections,
+                "idle": round(register.idle, 3), "requests": used.requests if used is not None else 0,
+                "seconds": round(used.seconds, 6) if used is not None else 0.0, "recent_requests": recent_requests,
+                "recent_seconds": round(recent_seconds, 6), "on_surface": False, "in_register": True,
+            })
+        worker_rows.sort(key=lambda row: row["idle"])
+        rows.extend(worker_rows)
+    return rows

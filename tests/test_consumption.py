@@ -1,0 +1,119 @@
+"""Per-user consumption (front/core/consumption.py) and its crediting by the exchange: tables, time passed in."""
+
+from __future__ import annotations
+
+import pytest
+
+from elasticd.front.core.consumption import EPOCH, EPOCHS, Consumption, Newcomers
+from elasticd.front.core.counters import ForwardCounters
+from elasticd.front.core.exchange import Exchange
+from elasticd.front.core.relay import (
+    EVENT_ANSWER_END,
+    EVENT_CLIENT_LEFT,
+    EVENT_CUT,
+    EVENT_FAIL,
+    EVENT_UPGRADE,
+    PHASE_ANSWERING,
+    Event,
+)
+from elasticd.front.core.sticky import Surface
+
+
+@pytest.mark.parametrize(("credits", "now", "ring"), [
+    # (seconds, at) credited, read at `now` → the ring, the oldest epoch first
+    ([(0.1, 0.0)], 0.0, [(0, 0.0)] * 5 + [(1, 0.1)]),
+    ([(0.1, 0.0), (0.2, 4.9)], 4.9, [(0, 0.0)] * 5 + [(2, pytest.approx(0.3))]),
+    ([(0.1, 0.0), (0.2, 5.0)], 5.0, [(0, 0.0)] * 4 + [(1, 0.1), (1, 0.2)]),
+    ([(0.1, 0.0)], 29.9, [(1, 0.1)] + [(0, 0.0)] * 5),  # the oldest epoch still held
+    ([(0.1, 0.0)], 30.0, [(0, 0.0)] * 6),  # idle for the whole ring: nothing recent, without a roll
+    ([(0.1, 0.0), (0.2, 12.0)], 12.0, [(0, 0.0)] * 3 + [(1, 0.1), (0, 0.0), (1, 0.2)]),  # one epoch skipped
+    ([(0.1, 0.0), (0.2, 100.0)], 100.0, [(0, 0.0)] * 5 + [(1, 0.2)]),  # a gap past the ring clears it
+    ([(0.1, 100.0), (0.2, 50.0)], 100.0, [(0, 0.0)] * 6),  # a clock that went back starts over
+])
+def test_the_epoch_ring(credits: list[tuple[float, float]], now: float, ring: list[tuple[int, float]]) -> None:
+    used = Consumption()
+    for seconds, at in credits:
+        used.add(seconds, at)
+    assert used.ring(now) == ring
+    assert used.requests == len(credits) and used.seconds == pytest.approx(sum(s for s, _ in credits))
+    requests, seconds = used.recent(now)
+    assert requests == sum(r for r, _ in ring) and seconds == pytest.approx(sum(s for _, s in used.ring(now)))
+
+
+def test_the_ring_spans_six_epochs_of_five_seconds() -> None:
+    assert (EPOCH, EPOCHS) == (5.0, 6)
+    used = Consumption()
+    for second in range(40):  # one request a second for 40 s
+        used.add(0.01, float(second))
+    assert used.recent(39.0) == (30, pytest.approx(0.3))  # epochs 2..7: seconds 10..39
+    assert used.requests == 40
+
+
+def test_absorb_takes_a_newcomers_first_request_over() -> None:
+    first = Consumption()
+    first.add(0.5, 1.0)
+    entry = Consumption()
+    entry.absorb(first)
+    entry.add(0.25, 2.0)
+    assert (entry.requests, entry.seconds) == (2, 0.75)
+    assert entry.recent(2.0) == (2, 0.75)
+    old = Consumption()
+    old.add(0.5, 1.0)
+    later = Consumption()
+    later.add(0.25, 40.0)
+    later.absorb(old)  # epoch 0 is past later's ring: cumulative only
+    assert (later.requests, later.seconds) == (2, 0.75) and later.recent(40.0) == (1, 0.25)
+
+
+def test_newcomers_are_bounded_claimed_once_and_expire() -> None:
+    table = Newcomers(capacity=2)
+    table.credit("a", 0.1, 1.0)
+    table.credit("b", 0.2, 2.0)
+    table.credit("a", 0.1, 2.5)  # the same id again: one entry
+    table.credit("c", 0.3, 3.0)  # full: the oldest (a) goes
+    assert sorted(table.used) == ["b", "c"] and len(table) == 2
+    claimed = table.claim("b")
+    assert claimed is not None and claimed.requests == 1 and table.claim("b") is None
+    assert table.expire(horizon=3.0) == 0 and table.expire(horizon=3.5) == 1 and len(table) == 0
+
+
+def test_a_user_entering_the_surface_takes_its_first_request_along() -> None:
+    surface = Surface(ttl=60.0)
+    surface.newcomers.credit("u1", 0.2, 1.0)
+    entry = surface.assign("u1", "w1", 2.0)
+    assert (entry.requests, entry.seconds) == (1, 0.2) and len(surface.newcomers) == 0
+    surface.newcomers.credit("u2", 0.3, 1.0)
+    assert surface.login("u2", "alice", "w1", 2.0).requests == 1  # a login on the first request
+    surface.newcomers.credit("u3", 0.3, 1.0)
+    assert surface.expire(100.0) == ["u1", "u2"] and len(surface.newcomers) == 0  # forgotten with the surface
+
+
+def _ended(event: Event, *, new_user: bool, surface: Surface, forwards: ForwardCounters) -> Exchange:
+    ex = Exchange()
+    ex.user, ex.worker, ex.ts = "u1", "w1", 10.0
+    ex.counters, ex.stats = forwards.worker("w1"), forwards.route("acme", "shop")
+    if new_user:
+        ex.cookie_line = b"Set-Cookie: elastic_uid=u1\r\n"
+    else:
+        ex.entry = surface.assign("u1", "w1", 10.0)
+    ex.forward(forwards)
+    if event in (EVENT_ANSWER_END, EVENT_CUT, EVENT_UPGRADE):
+        ex.phase = PHASE_ANSWERING
+    ex.end(event, 200, 10.5, forwards, surface)
+    return ex
+
+
+@pytest.mark.parametrize(("event", "credited"), [
+    (EVENT_ANSWER_END, True),
+    (EVENT_UPGRADE, True),
+    (EVENT_CLIENT_LEFT, True),  # the worker worked for it; the user left first
+    (EVENT_FAIL, False),  # the front's own 502/504: the worker's failure
+    (EVENT_CUT, False),  # the worker cut its answer: a transport failure
+])
+def test_only_answers_from_the_worker_are_credited_to_the_user(event: Event, credited: bool) -> None:
+    for new_user in (False, True):
+        surface, forwards = Surface(ttl=60.0), ForwardCounters()
+        _ended(event, new_user=new_user, surface=surface, forwards=forwards)
+        assert forwards.workers["w1"].requests == 1  # the worker counts it whatever happened
+        used = surface.users["u1"] if not new_user else surface.newcomers.used.get("u1")
+        assert (used is not None and used.requests == 1 and used.seconds == 0.5) is credited, (event, new_user)

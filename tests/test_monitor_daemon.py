@@ -1,0 +1,183 @@
+"""The population and the monitor through the real daemon and real demo workers: consumption grows by the
+requests each user made; a worker stopped with SIGSTOP is an error row while the others answer; the page and
+its JSON answer with the right workers and users; basic auth from server.monitor, reloadable."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+
+import aiohttp
+from harness import browse
+
+TENANTS = """\
+tenants:
+  acme:
+    apps:
+      shop:
+        domains: [shop.localhost]
+        root: {root}
+        groups:
+          green:
+            command: ["{{python}}", "-m", "elasticd.demo"]
+            concurrency: 2
+            pool: {{min_workers: 2, max_workers: 2}}
+"""
+SERVER = "  occupancy_interval: 200ms\n"
+
+
+def _get(d, path: str, auth: tuple[str, str] | None = None) -> tuple[int, str, dict[str, str]]:
+    request = urllib.request.Request(f"http://127.0.0.1:{d.metrics_port}{path}")
+    if auth is not None:
+        request.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode(), dict(response.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(), dict(exc.headers)
+
+
+def _announced(d, count: int, timeout: float = 30.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        workers = [w for w in d.pool()["workers"] if w["state"] == "running" and w["announced"]]
+        if len(workers) >= count:
+            return workers
+        assert time.monotonic() < deadline, f"{count} workers never announced"
+        time.sleep(0.1)
+
+
+def _population(d) -> dict:
+    result = d.ctl("population", "acme/shop", "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_population_fuses_consumption_with_each_workers_register(daemons, tmp_path):
+    d = daemons(TENANTS.format(root=tmp_path), extra_server=SERVER)
+    d.start()
+    workers = _announced(d, 2)
+    reception = next(w for w in workers if w["reception"])
+    other = next(w for w in workers if not w["reception"])
+    made = {}
+    for n in (1, 3, 5):  # three users: 1, 3 and 5 requests each, the first one included (before its cookie)
+        status, _, cookie = browse(d, "/counter")
+        assert status == 200 and cookie
+        for _ in range(n - 1):
+            browse(d, "/counter", cookie)
+        made[cookie[:8]] = n
+    browse(d, "/pages?n=3", cookie)  # the last user says it has 3 pages open
+    made[cookie[:8]] += 1
+    population = _population(d)
+    users = {r["user"]: r for r in population["rows"] if "error" not in r}
+    assert population["errors"] == 0 and set(users) >= set(made)
+    for user, n in made.items():
+        row = users[user]
+        assert row["requests"] == n and row["recent_requests"] == n and row["seconds"] > 0, row
+        assert row["worker"] == reception["id"] and row["group"] == "green" and row["in_register"], row
+        assert row["connections"] == 0 and row["idle"] < 30
+    assert users[cookie[:8]]["pages"] == 3
+    assert all(users[u]["pages"] is None for u in made if u != cookie[:8])  # not reported: None, not 0
+    table = d.ctl("population", "acme/shop")
+    assert table.returncode == 0 and f"{len(users)} users" in table.stdout and cookie[:8] in table.stdout
+
+    # One worker stopped: an error row, in the monitor's time; the other answers as before.
+    os.kill(other["pid"], signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        population = _population(d)
+        took = time.monotonic() - started
+    finally:
+        os.kill(other["pid"], signal.SIGCONT)
+    errors = [r for r in population["rows"] if "error" in r]
+    assert errors == [{"worker": other["id"], "group": "green", "error": "unreachable"}]
+    assert {r["user"] for r in population["rows"] if "error" not in r} >= set(made)
+    assert took < 5.0  # the monitor's own one-second timeout, not the worker's silence
+
+
+def test_a_websocket_is_an_open_connection_and_the_executor_queue_is_measured(daemons, tmp_path):
+    d = daemons(TENANTS.format(root=tmp_path), extra_server=SERVER)
+    d.start()
+    _announced(d, 2)
+    _, _, cookie = browse(d, "/")
+    browse(d, "/", cookie)  # on the surface now
+
+    async def scenario() -> tuple[dict, dict]:
+        headers = {"Host": "shop.localhost", "Cookie": f"elastic_uid={cookie}"}
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(f"http://127.0.0.1:{d.port}/ws", headers=headers) as ws:
+                await ws.send_str("hello")
+                assert "hello" in (await ws.receive()).data
+                open_row = await asyncio.to_thread(_population, d)
+            # Three blocking calls on a worker of concurrency 2: one waits for a thread.
+            calls = [asyncio.create_task(session.get(f"http://127.0.0.1:{d.port}/blocking?ms=1500",
+                                                     headers=headers)) for _ in range(3)]
+            await asyncio.sleep(0.2)
+            queued = await asyncio.to_thread(_queued, d)
+            for call in calls:
+                (await call).release()
+        return open_row, queued
+
+    open_row, queued = asyncio.run(scenario())
+    row = next(r for r in open_row["rows"] if r.get("user") == cookie[:8])
+    assert row["connections"] == 1, row
+    assert queued["queue_depth"] >= 1, queued
+
+
+def _queued(d, timeout: float = 5.0) -> dict:
+    """The reception's latest reported executor, once its queue shows in a report (every 200 ms)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pool = d.pool()
+        reception = next(w for w in pool["workers"] if w["reception"])
+        executor = (reception["last_report"] or {}).get("executor") or {}
+        if executor.get("queue_depth") or time.monotonic() > deadline:
+            return executor
+        time.sleep(0.05)
+
+
+def test_the_monitor_page_and_its_json(daemons, tmp_path):
+    d = daemons(TENANTS.format(root=tmp_path), extra_server=SERVER)
+    d.start()
+    workers = _announced(d, 2)
+    _, _, cookie = browse(d, "/")
+    browse(d, "/", cookie)
+    status, html, headers = _get(d, "/monitor")
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    assert "<script" in html and "http://" not in html.replace('"http://www.w3.org/2000/svg"', "")  # no asset
+    assert "default-src 'none'" in headers["Content-Security-Policy"]
+    status, body, _ = _get(d, "/monitor/state")
+    state = json.loads(body)
+    assert status == 200 and state["apps"] == ["acme/shop"] and state["app"] == "acme/shop"
+    assert {w["id"] for w in state["pool"]["groups"]["green"]["workers"]} == {w["id"] for w in workers}
+    assert [r["user"] for r in state["population"]["rows"] if "error" not in r] == [cookie[:8]]
+    assert _get(d, "/monitor/state?app=acme/nope")[0] == 404
+    assert _get(d, "/monitor/state?app=nope")[0] == 400
+
+
+def test_basic_auth_guards_the_monitor_and_a_new_password_comes_with_a_reload(daemons, tmp_path):
+    password = tmp_path / "monitor.pw"
+    password.write_text("s3cret\n")
+    password.chmod(0o600)
+    d = daemons(TENANTS.format(root=tmp_path),
+                extra_server=SERVER + f"  monitor: {{user: ops, password_file: {password}}}\n")
+    d.start()
+    status, _, headers = _get(d, "/monitor")
+    assert status == 401 and headers["WWW-Authenticate"].startswith('Basic realm="elasticd monitor"')
+    assert _get(d, "/monitor/state", ("ops", "wrong"))[0] == 401
+    assert _get(d, "/monitor/state", ("ops", "s3cret"))[0] == 200
+    assert _get(d, "/metrics")[0] == 200  # the scraper's page stays open
+    password.write_text("n3w\n")
+    result = d.ctl("reload")
+    assert result.returncode == 0, result.stderr
+    assert _get(d, "/monitor", ("ops", "n3w"))[0] == 200 and _get(d, "/monitor", ("ops", "s3cret"))[0] == 401
+    password.unlink()
+    refused = d.ctl("reload")
+    assert refused.returncode == 1 and "server.monitor.password_file: cannot read" in refused.stderr
+    assert _get(d, "/monitor", ("ops", "n3w"))[0] == 200  # the running credentials stay
