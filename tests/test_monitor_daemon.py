@@ -8,13 +8,17 @@ import asyncio
 import base64
 import json
 import os
+import shlex
+import shutil
 import signal
+import subprocess
 import time
 import urllib.error
 import urllib.request
 
 import aiohttp
-from harness import browse
+import pytest
+from harness import PYTHON, browse
 
 TENANTS = """\
 tenants:
@@ -181,3 +185,41 @@ def test_basic_auth_guards_the_monitor_and_a_new_password_comes_with_a_reload(da
     refused = d.ctl("reload")
     assert refused.returncode == 1 and "server.monitor.password_file: cannot read" in refused.stderr
     assert _get(d, "/monitor", ("ops", "n3w"))[0] == 200  # the running credentials stay
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="no tmux here (apt install tmux)")
+def test_pool_watch_redraws_in_a_terminal_until_ctrl_c(daemons, tmp_path):
+    """`elasticctl pool --watch` in a real terminal (tmux, on a server of this test's own): bars drawn and
+    redrawn, then Ctrl-C ends it with exit 0."""
+    d = daemons(TENANTS.format(root=tmp_path), extra_server=SERVER)
+    d.start()
+    _announced(d, 2)
+    tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]
+    done = tmp_path / "exit-code"
+    command = (f"{shlex.quote(PYTHON)} -m elasticd.ctl --socket {shlex.quote(str(d.admin))} pool acme/shop --watch "
+               f"--interval 300ms; echo $? > {shlex.quote(str(done))}")
+    env = {**os.environ, "TERM": "xterm-256color", "LANG": "C.UTF-8"}
+    subprocess.run([*tmux, "new-session", "-d", "-x", "200", "-y", "40", command], check=True, env=env)
+    try:
+        def screen() -> str:
+            return subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True).stdout
+
+        deadline = time.monotonic() + 20
+        while "acme.shop.green.2" not in screen():
+            assert time.monotonic() < deadline, screen()
+            time.sleep(0.1)
+        first = screen()
+        stamp = first.splitlines()[0]
+        while screen().splitlines()[0] == stamp:  # redrawn: a new stamp, the same place
+            assert time.monotonic() < deadline + 5, screen()
+            time.sleep(0.1)
+        assert first.splitlines()[0].startswith("acme/shop   ") and "Ctrl-C quits" in first
+        assert "OCCUPANCY" in first and "·" * 20 in first and "reception" in first
+        assert first.count("acme/shop   ") == 1  # the screen is cleared before each redraw
+        subprocess.run([*tmux, "send-keys", "C-c"], check=True)
+        while not done.exists():
+            assert time.monotonic() < deadline + 10, screen()
+            time.sleep(0.1)
+        assert done.read_text().strip() == "0"
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
