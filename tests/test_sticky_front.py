@@ -62,7 +62,9 @@ def test_each_user_stays_on_one_worker(two_workers: list[DemoWorker]) -> None:
                     seen[user].add((await visit(request, user))[0])
             counters = {w: (c.requests, c.errors) for w, c in f.forwards.workers.items()}
             assert counters == {"w1": (70, 0), "w2": (70, 0)}
-            assert all(f.surface.users[user].requests == 6 for user in seen)  # the first was anonymous
+            # Every request counted, the first one too (made before the cookie, taken over when it came back)
+            assert all(f.surface.users[user].requests == 7 for user in seen)
+            assert len(f.surface.newcomers) == 0
         return seen
 
     seen = run(scenario())
@@ -146,4 +148,4 @@ def test_idle_users_are_forgotten_with_their_consumption(two_workers: list[DemoW
                 await asyncio.sleep(0.05)
             return counted, len(f.surface), f.surface.users[other].requests
 
-    assert run(scenario()) == (1, 1, 2)
+    assert run(scenario()) == (2, 1, 3)  # each user's first request (before its cookie) counted too
