@@ -331,7 +331,7 @@ class Daemon:
                    for w in self.supervisor.workers_of((tenant, app, group)) if w.routable]
         answers = await ask_all(self.channel, workers)
         surface = self.front.surface
-        rows = fuse(answers, list(surface.users.items()), self.front.clock(), dict(surface.newcomers.used))
+        rows = fuse(answers, list(surface.users.items()), self.front.clock(), surface.newcomers.snapshot())
         return {"tenant": tenant, "app": app, "users": sum(1 for r in rows if "error" not in r),
                 "errors": sum(1 for r in rows if "error" in r), "rows": rows}
 

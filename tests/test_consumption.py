@@ -49,32 +49,33 @@ def test_the_ring_spans_six_epochs_of_five_seconds() -> None:
     assert used.requests == 40
 
 
-def test_absorb_takes_a_newcomers_first_request_over() -> None:
-    first = Consumption()
-    first.add(0.5, 1.0)
-    entry = Consumption()
-    entry.absorb(first)
-    entry.add(0.25, 2.0)
-    assert (entry.requests, entry.seconds) == (2, 0.75)
-    assert entry.recent(2.0) == (2, 0.75)
-    old = Consumption()
-    old.add(0.5, 1.0)
-    later = Consumption()
-    later.add(0.25, 40.0)
-    later.absorb(old)  # epoch 0 is past later's ring: cumulative only
-    assert (later.requests, later.seconds) == (2, 0.75) and later.recent(40.0) == (1, 0.25)
-
-
-def test_newcomers_are_bounded_claimed_once_and_expire() -> None:
-    table = Newcomers(capacity=2)
+def test_newcomers_are_bounded_in_two_generations_claimed_once_and_expire() -> None:
+    table = Newcomers(capacity=4)  # two generations of two
     table.credit("a", 0.1, 1.0)
     table.credit("b", 0.2, 2.0)
-    table.credit("a", 0.1, 2.5)  # the same id again: one entry
-    table.credit("c", 0.3, 3.0)  # full: the oldest (a) goes
-    assert sorted(table.used) == ["b", "c"] and len(table) == 2
-    claimed = table.claim("b")
-    assert claimed is not None and claimed.requests == 1 and table.claim("b") is None
-    assert table.expire(horizon=3.0) == 0 and table.expire(horizon=3.5) == 1 and len(table) == 0
+    table.credit("c", 0.3, 3.0)  # the newer generation was full: it becomes the older one
+    assert len(table) == 3 and table.snapshot() == {"a": (0.1, 1.0), "b": (0.2, 2.0), "c": (0.3, 3.0)}
+    table.credit("d", 0.4, 4.0)
+    table.credit("e", 0.5, 5.0)  # full again: a and b go whole
+    assert sorted(table.snapshot()) == ["c", "d", "e"]
+    assert table.claim("c") == (0.3, 3.0) and table.claim("c") is None  # once, from either generation
+    assert table.claim("e") == (0.5, 5.0)
+    table.expire(horizon=4.5)  # the older generation (d) stopped taking ids at 5.0: kept
+    assert sorted(table.snapshot()) == ["d"]
+    table.expire(horizon=5.5)
+    assert len(table) == 0
+
+
+def test_a_first_request_lands_in_the_ring_at_its_own_time() -> None:
+    surface = Surface(ttl=60.0)
+    surface.newcomers.credit("u1", 0.5, 1.0)
+    entry = surface.assign("u1", "w1", 2.0)
+    entry.add(0.25, 2.0)
+    assert (entry.requests, entry.seconds) == (2, 0.75) and entry.recent(2.0) == (2, 0.75)
+    surface.newcomers.credit("u2", 0.5, 1.0)
+    late = surface.assign("u2", "w1", 40.0)  # came back long after: its first request is past the ring
+    late.add(0.25, 40.0)
+    assert (late.requests, late.seconds) == (2, 0.75) and late.recent(40.0) == (1, 0.25)
 
 
 def test_a_user_entering_the_surface_takes_its_first_request_along() -> None:
@@ -115,5 +116,8 @@ def test_only_answers_from_the_worker_are_credited_to_the_user(event: Event, cre
         surface, forwards = Surface(ttl=60.0), ForwardCounters()
         _ended(event, new_user=new_user, surface=surface, forwards=forwards)
         assert forwards.workers["w1"].requests == 1  # the worker counts it whatever happened
-        used = surface.users["u1"] if not new_user else surface.newcomers.used.get("u1")
-        assert (used is not None and used.requests == 1 and used.seconds == 0.5) is credited, (event, new_user)
+        if new_user:
+            assert (surface.newcomers.snapshot().get("u1") == (0.5, 10.5)) is credited, event
+        else:
+            used = surface.users["u1"]
+            assert (used.requests == 1 and used.seconds == 0.5) is credited, event

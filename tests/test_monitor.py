@@ -17,7 +17,6 @@ from test_pool_channel import Registry
 
 from elasticd.config.model import MonitorAuth
 from elasticd.frames import encode
-from elasticd.front.core.consumption import Consumption
 from elasticd.front.core.sticky import Surface
 from elasticd.monitor.auth import Credentials, authorized, read_credentials
 from elasticd.monitor.census import ask_all
@@ -62,8 +61,7 @@ def test_fusion_puts_consumption_into_each_users_row_and_an_error_row_for_a_sile
 
 
 def test_a_worker_without_the_library_has_rows_from_the_surface_alone_and_newcomers_count():
-    first = Consumption()
-    first.add(0.2, 100.0)
+    first = (0.2, 100.0)
     answers = [WorkerAnswer("w2", "blue", asked=False), WorkerAnswer("w1", "green", register=(
         RegisterRow("e" * 32, 0, None, 0.1),))]
     rows = fuse(answers, _surface().users.items(), 101.0, newcomers={"e" * 32: first})

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from elasticd.front.core.consumption import EPOCHS, epoch_of
+
 __all__ = ["ID_SHOWN", "RegisterError", "RegisterRow", "SurfaceView", "WorkerAnswer", "fuse", "parse_register"]
 
 ID_SHOWN = 8  # hex digits of a user id a row shows
@@ -92,14 +94,15 @@ def parse_register(users: Any) -> tuple[RegisterRow, ...]:
 
 
 def fuse(answers: Sequence[WorkerAnswer], surface: Iterable[tuple[str, SurfaceView]], now: float,
-         newcomers: Mapping[str, UsedView] | None = None) -> list[dict[str, Any]]:
+         newcomers: Mapping[str, tuple[float, float]] | None = None) -> list[dict[str, Any]]:
     """One row per user of these workers (and one error row per worker that did not answer), grouped by group
     and worker in the order of ``answers``, the most recently active user first within a worker.
 
     A user the surface places on a worker is that worker's row, with the worker's register fused in when it
     answered (pages, connections, its own idea of the last activity); a user the worker knows and the surface
     does not is a row too: one that has not come back with its cookie yet (its first request is in
-    ``newcomers``), or one the front forgot (no consumption): the worker holds state for it all the same."""
+    ``newcomers``: (seconds, when)), or one the front forgot (no consumption): the worker holds state for it
+    all the same."""
     newcomers = newcomers or {}
     groups = {answer.worker: answer.group for answer in answers}
     on_worker: dict[str, list[tuple[str, SurfaceView]]] = {answer.worker: [] for answer in answers}
@@ -128,14 +131,15 @@ def fuse(answers: Sequence[WorkerAnswer], surface: Iterable[tuple[str, SurfaceVi
                 "on_surface": True, "in_register": register is not None,
             })
         for register in known.values():
-            used = newcomers.get(register.user)
-            recent_requests, recent_seconds = used.recent(now) if used is not None else (0, 0.0)
+            first = newcomers.get(register.user)
+            seconds = first[0] if first is not None else 0.0
+            recent = first is not None and epoch_of(first[1]) > epoch_of(now) - EPOCHS
             worker_rows.append({
                 "user": register.user[:ID_SHOWN], "login": None, "worker": answer.worker,
                 "group": groups[answer.worker], "pages": register.pages, "connections": register.connections,
-                "idle": round(register.idle, 3), "requests": used.requests if used is not None else 0,
-                "seconds": round(used.seconds, 6) if used is not None else 0.0, "recent_requests": recent_requests,
-                "recent_seconds": round(recent_seconds, 6), "on_surface": False, "in_register": True,
+                "idle": round(register.idle, 3), "requests": 1 if first is not None else 0,
+                "seconds": round(seconds, 6), "recent_requests": 1 if recent else 0,
+                "recent_seconds": round(seconds if recent else 0.0, 6), "on_surface": False, "in_register": True,
             })
         worker_rows.sort(key=lambda row: row["idle"])
         rows.extend(worker_rows)

@@ -9,8 +9,8 @@ without any timer touching them.
 A brand-new user (no cookie yet) is not on the surface: clients that keep no cookie (curl, load generators)
 would otherwise add an entry per request. Its first request is still credited, to a bounded ``Newcomers``
 table under the id its cookie carries; when the user comes back with that cookie and enters the surface, its
-entry takes that consumption over. Ids that never come back are dropped, the oldest first, past ``capacity``
-or past the surface's TTL.
+entry takes that request over. Ids that never come back are dropped, the oldest first, past ``capacity`` or
+past the surface's TTL.
 
 Transport failures (the front's own 502/504, an answer cut by the worker) are the worker's, never the user's:
 the exchange credits a user only for an answer that came from its worker (``exchange.Exchange.end``).
@@ -38,23 +38,25 @@ class Consumption:
 
     The ring is one array of doubles, each epoch's request count in ``[slot]`` and its seconds in
     ``[EPOCHS + slot]``: the surface holds one of these per user, and one fixed block (176 bytes) is a third
-    of what two lists of boxed numbers cost."""
+    of what two lists of boxed numbers cost. ``add`` runs once per request: while ``now`` is inside the newest
+    epoch it compares one float and adds (the epoch's slot and end are kept, not worked out again)."""
 
-    __slots__ = ("epoch", "requests", "ring_counts", "seconds")
+    __slots__ = ("ends", "epoch", "requests", "ring_counts", "seconds", "slot")
 
     def __init__(self) -> None:
         self.requests = 0
         self.seconds = 0.0
         self.epoch = 0  # the newest epoch the ring holds; slot ``e % EPOCHS`` holds epoch e of the last EPOCHS
+        self.slot = 0  # the newest epoch's slot
+        self.ends = EPOCH  # when the newest epoch ends
         self.ring_counts = array("d", _EMPTY)
 
     def add(self, seconds: float, now: float) -> None:
         """Credit one forward of ``seconds``, ended at ``now``."""
-        epoch = int(now // EPOCH)
-        if epoch != self.epoch:
-            self._roll(epoch)
-        slot = epoch % EPOCHS
+        if now >= self.ends or now < self.ends - EPOCH:
+            self._roll(int(now // EPOCH))
         recent = self.ring_counts
+        slot = self.slot
         recent[slot] += 1.0
         recent[EPOCHS + slot] += seconds
         self.requests += 1
@@ -73,6 +75,8 @@ class Consumption:
                 recent[slot] = 0.0
                 recent[EPOCHS + slot] = 0.0
         self.epoch = epoch
+        self.slot = epoch % EPOCHS
+        self.ends = (epoch + 1) * EPOCH
 
     def ring(self, now: float) -> list[tuple[int, float]]:
         """(requests, seconds) of each of the last ``EPOCHS`` epochs up to ``now``'s, the oldest first; an epoch
@@ -92,60 +96,53 @@ class Consumption:
         ring = self.ring(now)
         return sum(r for r, _ in ring), sum(s for _, s in ring)
 
-    def absorb(self, other: Consumption) -> None:
-        """Take over ``other``'s consumption (a newcomer's first request, when its user enters the surface)."""
-        self.requests += other.requests
-        self.seconds += other.seconds
-        if other.requests and other.epoch > self.epoch:
-            self._roll(other.epoch)
-        for epoch in range(other.epoch - EPOCHS + 1, other.epoch + 1):
-            if self.epoch - EPOCHS < epoch <= self.epoch:
-                slot = epoch % EPOCHS
-                self.ring_counts[slot] += other.ring_counts[slot]
-                self.ring_counts[EPOCHS + slot] += other.ring_counts[EPOCHS + slot]
-
     def __repr__(self) -> str:
         return f"Consumption(requests={self.requests}, seconds={self.seconds:.6f})"
 
 
 class Newcomers:
-    """Consumption of users given a cookie and not seen back yet, by id: bounded, the oldest dropped first."""
+    """The first request of users given a cookie and not seen back yet: id → (seconds, when it ended).
 
-    __slots__ = ("capacity", "seen", "used")
+    Bounded without a scan: two generations of at most ``capacity / 2`` ids each; when the newer one is full
+    it becomes the older and the older is dropped whole. (A dict emptied from its oldest end one key at a time
+    would make finding its oldest key a walk over every deleted slot: with load generators that keep no
+    cookie, that is every request.) A user who comes back finds its first request in either."""
+
+    __slots__ = ("current", "half", "previous", "rotated_at")
 
     def __init__(self, capacity: int = NEWCOMERS) -> None:
-        self.capacity = capacity
-        self.used: dict[str, Consumption] = {}
-        self.seen: dict[str, float] = {}  # id → when its first request ended (insertion order is age order)
+        self.half = max(capacity // 2, 1)
+        self.current: dict[str, tuple[float, float]] = {}
+        self.previous: dict[str, tuple[float, float]] = {}
+        self.rotated_at = 0.0  # when ``previous`` stopped taking ids: its newest entry is no younger
 
     def __len__(self) -> int:
-        return len(self.used)
+        return len(self.current) + len(self.previous)
 
     def credit(self, user: str, seconds: float, now: float) -> None:
-        used = self.used.get(user)
-        if used is None:
-            if len(self.used) >= self.capacity:
-                oldest = next(iter(self.seen))
-                del self.seen[oldest]
-                del self.used[oldest]
-            used = self.used[user] = Consumption()
-            self.seen[user] = now
-        used.add(seconds, now)
+        current = self.current
+        if len(current) >= self.half:
+            self.previous = current
+            self.current = current = {}
+            self.rotated_at = now
+        current[user] = (seconds, now)
 
-    def claim(self, user: str) -> Consumption | None:
-        """The user came back with its cookie: its consumption so far, handed over (and forgotten here)."""
-        used = self.used.pop(user, None)
-        if used is not None:
-            del self.seen[user]
-        return used
+    def claim(self, user: str) -> tuple[float, float] | None:
+        """The user came back with its cookie: its first request (seconds, when), handed over and forgotten."""
+        first = self.current.pop(user, None)
+        if first is None:
+            first = self.previous.pop(user, None)
+        return first
 
-    def expire(self, horizon: float) -> int:
-        """Drop the ids whose first request ended before ``horizon``; how many went."""
-        gone = 0
-        for user, at in list(self.seen.items()):
-            if at >= horizon:
-                break
-            del self.seen[user]
-            del self.used[user]
-            gone += 1
-        return gone
+    def snapshot(self) -> dict[str, tuple[float, float]]:
+        """Every id waiting, with its first request (a copy, for the population)."""
+        return {**self.previous, **self.current}
+
+    def expire(self, horizon: float) -> None:
+        """Drop what is older than ``horizon``: the older generation once its newest is, and each id of the
+        newer one that is (it holds at most ``capacity / 2``, and this runs at the front's expiry tick)."""
+        if self.previous and self.rotated_at < horizon:
+            self.previous = {}
+        stale = [user for user, (_, at) in self.current.items() if at < horizon]
+        for user in stale:
+            del self.current[user]

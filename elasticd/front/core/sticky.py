@@ -110,15 +110,15 @@ class SurfaceUser(Consumption):
 
     __slots__ = ("login", "moving", "pinned", "seen", "worker")
 
-    def __init__(self, worker: str, seen: float, first: Consumption | None = None) -> None:
+    def __init__(self, worker: str, seen: float, first: tuple[float, float] | None = None) -> None:
         super().__init__()
         self.worker = worker
         self.login: str | None = None
         self.seen = seen
         self.moving = False
         self.pinned = False
-        if first is not None:  # its first request, made before it had a cookie (a newcomer's)
-            self.absorb(first)
+        if first is not None:  # its first request (seconds, when), made before it had a cookie (a newcomer's)
+            self.add(*first)
 
     def __repr__(self) -> str:
         return (f"SurfaceUser(worker={self.worker!r}, login={self.login!r}, seen={self.seen}, "
