@@ -30,6 +30,7 @@ from common import (
     disk_of,
     ensure_suite,
     front,
+    http_get,
     is_active,
     journal_cursor,
     journal_since,
@@ -85,11 +86,31 @@ def s_install(share: Path) -> tuple[str, dict[str, Any]]:
     check(front.returncode == 0 and front.stdout.startswith("True "),
           f"the installed front is not the compiled one: {front.stdout.strip()} {front.stderr[-1000:]}")
     users = _shipped_config_runs_unprivileged()
+    monitor = _monitor_answers()
     make_users()
     return (f"apt-get install {deb.name}: {seconds:.1f}s, elasticd {version}; Depends met by Debian's "
             + ", ".join(f"{k} {v}" for k, v in sorted(deps.items()))
-            + f"; the front compiled ({front.stdout.split()[1]}); the shipped config runs: {users}",
+            + f"; the front compiled ({front.stdout.split()[1]}); the shipped config runs: {users}; {monitor}",
             {"apt_output": result.stdout[-2000:], "depends": depends, "conffiles": conffiles.strip()})
+
+
+def _monitor_answers() -> str:
+    """The installed package serves the monitor page (its HTML is package data) and its state, the population
+    asked of workers running as their tenants' users over the channel: every worker answers."""
+    code, page = http_get(9464, "/monitor")
+    check(code == 200 and b"elasticd monitor" in page, f"GET /monitor answered {code}: {page[:200]!r}")
+    deadline = time.monotonic() + 30
+    while True:
+        code, body = http_get(9464, "/monitor/state?app=acme/shop")
+        check(code == 200, f"GET /monitor/state answered {code}: {body[:300]!r}")
+        state = json.loads(body)
+        rows = state["population"]["rows"]
+        workers = state["pool"]["groups"]["green"]["workers"]
+        if all(w["announced"] for w in workers) and not any("error" in r for r in rows):
+            break
+        check(time.monotonic() < deadline, f"the population has error rows or silent workers: {rows} {workers}")
+        time.sleep(0.5)
+    return f"GET /monitor {len(page)} bytes, /monitor/state: {len(workers)} workers, every one answering"
 
 
 def _shipped_config_runs_unprivileged() -> str:
