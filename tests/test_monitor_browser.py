@@ -72,12 +72,19 @@ class DevTools:
         return result["result"].get("value")
 
     async def until(self, expression: str, timeout: float = 30.0) -> Any:
+        """Poll ``expression`` until it is true (an error, e.g. while the page is still being replaced by the
+        navigation, counts as not yet)."""
         deadline = time.monotonic() + timeout
         while True:
-            value = await self.evaluate(expression)
+            try:
+                value = await self.evaluate(expression)
+            except AssertionError as exc:
+                value, error = None, exc
+            else:
+                error = None
             if value:
                 return value
-            assert time.monotonic() < deadline, f"never true in the page: {expression}"
+            assert time.monotonic() < deadline, f"never true in the page: {expression} ({error})"
             await asyncio.sleep(0.1)
 
 
@@ -149,7 +156,7 @@ def test_the_monitor_page_renders_and_refreshes_in_chromium(daemons, tmp_path):
             await page.call("Emulation.setDeviceMetricsOverride", width=1280, height=1000, deviceScaleFactor=1,
                             mobile=False)
             await page.call("Page.navigate", url=f"http://127.0.0.1:{d.metrics_port}/monitor")
-            await page.until("Number(document.body.dataset.refreshes) >= 1")
+            await page.until("Number(document.body?.dataset.refreshes) >= 1")
             first = await page.evaluate(DOM)
             # A user who comes after the page loaded shows at a later refresh, without a reload.
             _, _, late = await asyncio.to_thread(browse, d, "/counter")
