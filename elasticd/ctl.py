@@ -301,6 +301,9 @@ async def _watch(client: AdminClient, path: str, interval: float) -> int:
             await asyncio.sleep(interval)
     except (KeyboardInterrupt, asyncio.CancelledError):
         return 0
+    except BrokenPipeError:  # piped into a reader that has had enough (head): done, as `yes | head` is
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (so the exit's flush cannot fail)
+        return 0
 
 
 async def _population(client: AdminClient, args: argparse.Namespace) -> int:

@@ -223,3 +223,11 @@ def test_pool_watch_redraws_in_a_terminal_until_ctrl_c(daemons, tmp_path):
         assert done.read_text().strip() == "0"
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
+    # Piped into a reader that stops reading (| head): it ends quietly, exit 0, no traceback.
+    piped = subprocess.Popen([PYTHON, "-m", "elasticd.ctl", "--socket", str(d.admin), "pool", "acme/shop", "--watch",
+                              "--interval", "100ms"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert piped.stdout is not None and piped.stderr is not None
+    piped.stdout.readline()
+    piped.stdout.close()
+    assert piped.wait(20) == 0
+    assert piped.stderr.read() == b""
