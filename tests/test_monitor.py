@@ -43,7 +43,8 @@ def _surface() -> Surface:
 
 
 def test_fusion_puts_consumption_into_each_users_row_and_an_error_row_for_a_silent_worker():
-    answers = [WorkerAnswer("w1", "green", register=(RegisterRow(A, 1, 2, 0.5), RegisterRow("d" * 32, 0, None, 9.0))),
+    answers = [WorkerAnswer("w1", "green", register=(RegisterRow(A, 1, 2, 0.5), RegisterRow("d" * 32, 0, None, 9.0),
+                                                      RegisterRow(C, 0, None, 3.0))),  # C moved to w2 since
                WorkerAnswer("w2", "green", error="unreachable")]
     rows = fuse(answers, _surface().users.items(), 101.0)
     assert [(r.get("user"), r.get("error")) for r in rows] == [
@@ -298,3 +299,14 @@ async def test_streams_and_websockets_are_connections_and_the_executor_queue_is_
     finally:
         gate.set()
         await runner.cleanup()
+
+
+def test_a_user_moved_away_leaves_the_old_workers_register():
+    from elasticd.worker.moves import MoveHandler
+    from elasticd.worker.user_state import UserStates
+
+    sensor_ = Sensor(total=1)
+    sensor_.touch(A, 1.0)
+    sensor_.touch(B, 1.0)
+    assert MoveHandler(UserStates(), on_forget=sensor_.forget).answer({"type": "forget", "user": A}, None) is None
+    assert [row["user"] for row in sensor_.register(2.0)] == [B]

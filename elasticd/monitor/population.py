@@ -106,7 +106,10 @@ def fuse(answers: Sequence[WorkerAnswer], surface: Iterable[tuple[str, SurfaceVi
     newcomers = newcomers or {}
     groups = {answer.worker: answer.group for answer in answers}
     on_worker: dict[str, list[tuple[str, SurfaceView]]] = {answer.worker: [] for answer in answers}
+    placed: set[str] = set()  # users the surface places on a worker (this app's or another's)
     for user, entry in surface:
+        if entry.worker:
+            placed.add(user)
         if entry.worker in on_worker:
             on_worker[entry.worker].append((user, entry))
     rows: list[dict[str, Any]] = []
@@ -131,6 +134,8 @@ def fuse(answers: Sequence[WorkerAnswer], surface: Iterable[tuple[str, SurfaceVi
                 "on_surface": True, "in_register": register is not None,
             })
         for register in known.values():
+            if register.user in placed:
+                continue  # the surface has it on another worker now (moved): this register's entry is stale
             first = newcomers.get(register.user)
             seconds = first[0] if first is not None else 0.0
             recent = first is not None and epoch_of(first[1]) > epoch_of(now) - EPOCHS

@@ -94,7 +94,8 @@ def setup(app: web.Application, concurrency: int | None = None) -> Sensor:
     app.on_response_prepare.append(stream_watch(made))
     pool = made.executor = WorkerExecutor(total)
     states = UserStates()
-    client = ChannelClient(made.report, interval=interval, moves=MoveHandler(states), register=made.register)
+    client = ChannelClient(made.report, interval=interval, moves=MoveHandler(states, on_forget=made.forget),
+                           register=made.register)
     heartbeat = Heartbeat(made, heartbeat_period(interval))
 
     async def start(_app: web.Application) -> None:

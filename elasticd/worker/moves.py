@@ -31,10 +31,11 @@ Reply = Callable[[dict[str, Any], bytes | None], None]
 
 
 class MoveHandler:
-    __slots__ = ("_queue", "_states", "_thread")
+    __slots__ = ("_on_forget", "_queue", "_states", "_thread")
 
-    def __init__(self, states: UserStates) -> None:
+    def __init__(self, states: UserStates, on_forget: Callable[[str], None] | None = None) -> None:
         self._states = states
+        self._on_forget = on_forget  # the sensor's register forgets the user too: it is another worker's now
         self._queue: queue.SimpleQueue[tuple[dict[str, Any], bytes | None, Reply] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
@@ -83,6 +84,8 @@ class MoveHandler:
                 return ({"type": "installed", "id": move_id}, None)
             if kind == "forget":
                 self._states.forget(user)
+                if self._on_forget is not None:
+                    self._on_forget(user)
                 return None
             raise ValueError(f"unknown request {kind!r}")
         except Exception as exc:  # the app's hooks or an unreadable package: refused, the move aborts
