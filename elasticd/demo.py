@@ -204,7 +204,7 @@ async def pages(request: web.Request) -> web.Response:
     """This user now has ``n`` pages open: what an app that knows its pages reports to the sensor."""
     n = _int(request, "n", 0, 10_000)
     user = request.headers.get(USER_HEADER, "")
-    if SENSOR_KEY not in request.app or not user:
+    if SENSOR_KEY not in request.config_dict or not user:
         raise web.HTTPConflict(text="/pages needs the library and a user (through elasticd's front)\n")
     sensor(request.app).pages(user, n)
     return _json({"user": user, "pages": n})

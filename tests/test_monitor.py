@@ -20,6 +20,7 @@ from elasticd.frames import encode
 from elasticd.front.core.sticky import Surface
 from elasticd.monitor.auth import Credentials, authorized, read_credentials
 from elasticd.monitor.census import ask_all
+from elasticd.monitor.page import local_host
 from elasticd.monitor.population import RegisterError, RegisterRow, WorkerAnswer, fuse, parse_register
 from elasticd.monitor.terminal import bar, render_population, render_watch, sparkline
 from elasticd.pool.channel import ChannelServer
@@ -76,9 +77,14 @@ def test_a_worker_without_the_library_has_rows_from_the_surface_alone_and_newcom
     ({}, "users: not a list"),
     ([3], r"users\[0\]: not an object"),
     ([{"user": "", "idle": 0}], r"users\[0\].user: '' is not a user id"),
-    ([{"user": "u", "idle": -1}], r"users\[0\].idle: -1 is not a number of seconds"),
-    ([{"user": "u", "idle": 0, "connections": True}], r"users\[0\].connections: True is not a count"),
-    ([{"user": "u", "idle": 0, "pages": -3}], r"users\[0\].pages: -3 is not a count"),
+    ([{"user": "\x1b[2Jaaaa", "idle": 0}], r"users\[0\].user: .* is not a user id \(32 hex digits\)"),
+    ([{"user": A.upper(), "idle": 0}], r"is not a user id"),
+    ([{"user": A, "idle": -1}], r"users\[0\].idle: -1 is not a number of seconds"),
+    ([{"user": A, "idle": 10 ** 400}], r"users\[0\].idle: 1000.* is not a number of seconds"),
+    ([{"user": A, "idle": "1"}], r"users\[0\].idle: 1 is not a number of seconds"),
+    ([{"user": A, "idle": 0, "connections": True}], r"users\[0\].connections: True is not a count"),
+    ([{"user": A, "idle": 0, "connections": 10 ** 30}], r"users\[0\].connections: 1000.* is not a count"),
+    ([{"user": A, "idle": 0, "pages": -3}], r"users\[0\].pages: -3 is not a count"),
 ])
 def test_a_register_of_the_wrong_shape_is_refused_naming_what(users, why):
     with pytest.raises(RegisterError, match=why):
@@ -93,6 +99,8 @@ async def test_the_census_asks_every_library_worker_at_once_and_a_silent_one_is_
     server = ChannelServer(str(tmp_path / "channel.sock"), registry.authenticate, registry.on_report)
     await server.start()
     answering = Sensor(total=2)
+    for i in range(2000):  # a busy reception: its register is far over a channel line's bound
+        answering.touch(f"{i:032x}", time.monotonic())
     answering.touch(A, time.monotonic())
     registry.workers["t.a.g.1"] = ("token-1", os.getpid())
     client = ChannelClient(answering.report, path=server.path, worker_id="t.a.g.1", token="token-1", interval=0.2,
@@ -111,14 +119,16 @@ async def test_the_census_asks_every_library_worker_at_once_and_a_silent_one_is_
         started = time.monotonic()
         answers = await ask_all(server, [("t.a.g.1", "g"), ("t.a.g.2", "g"), ("t.a.g.3", "g")], timeout=0.5)
         took = time.monotonic() - started
+        again = await ask_all(server, [("t.a.g.1", "g")], timeout=2.0)  # the big answer left its channel up
     finally:
         client.stop()
         writer.close()
         await server.stop()
-    assert answers[0].error is None and [r.user for r in answers[0].register] == [A]
+    assert answers[0].error is None and len(answers[0].register) == 2001 and answers[0].register[-1].user == A
     assert answers[1] == WorkerAnswer("t.a.g.2", "g", error="unreachable")
     assert answers[2] == WorkerAnswer("t.a.g.3", "g", asked=False)  # never announced the library
     assert took < 1.0  # asked at once: one timeout, not one per worker
+    assert again[0].error is None and len(again[0].register) == 2001
 
 
 # ---------------------------------------------------------------------- basic auth
@@ -141,9 +151,20 @@ OPS = Credentials("ops", "pä:ss")
     (_basic("ops"), OPS, False),  # no colon
     ("Bearer abc", OPS, False),
     ("Basic %%%", OPS, False),
+    ("Basic \xc3\xa9", OPS, False),  # not ASCII: a client's bytes, refused (not an error)
+    ("Basic " + base64.b64encode(b"ops:\xff").decode(), OPS, False),  # not UTF-8
 ])
 def test_basic_auth_table(header, credentials, ok):
     assert authorized(header, credentials) is ok
+
+
+@pytest.mark.parametrize(("host", "local"), [
+    ("127.0.0.1:9464", True), ("127.0.0.1", True), ("[::1]:9464", True), ("::1", True), ("localhost:9464", True),
+    ("LOCALHOST.", True), ("monitor.localhost", True), ("10.1.2.3:80", True),
+    ("evil.example", False), ("evil.example:9464", False), ("localhost.evil.example", False), ("", False),
+])
+def test_without_auth_the_monitor_answers_hosts_that_are_addresses_or_localhost(host, local):
+    assert local_host(host) is local
 
 
 def test_credentials_come_from_the_first_line_of_the_password_file(tmp_path):
@@ -222,11 +243,17 @@ def test_the_sensors_register_and_what_the_app_reports():
     assert "pages" not in sensor_.report(10.0, 0.0, 1, 0.0) and "backlog" not in sensor_.report(10.0, 0.0, 1, 0.0)
     sensor_.pages(A, 2)
     sensor_.backlog(7)
-    report = sensor_.report(30.0, 0.0, 1, 0.0)  # 20 s later: A idle for 20 windows goes, B has a stream open
-    assert (report["pages"], report["backlog"], report["connections"], report["users"]) == (0, 7, 1, 1)
-    assert sensor_.register(30.0) == [{"user": B, "connections": 1, "pages": None, "idle": 20.0}]
+    sensor_.touch(C, 10.0)
+    report = sensor_.report(30.0, 0.0, 1, 0.0)  # 20 s later: C idle for 20 windows goes; B has a stream open, and
+    # A pages the app says are open (a page in a background tab): both stay
+    assert (report["pages"], report["backlog"], report["connections"], report["users"]) == (2, 7, 1, 2)
+    assert sensor_.register(30.0) == [{"user": A, "connections": 0, "pages": 2, "idle": 20.0},
+                                      {"user": B, "connections": 1, "pages": None, "idle": 0.0}]  # streaming: active
     sensor_.stream_closed(B, 31.0)
-    assert sensor_.register(31.0)[0]["connections"] == 0 and sensor_.report(31.0, 0.0, 1, 0.0)["connections"] == 0
+    assert sensor_.register(31.0)[1] == {"user": B, "connections": 0, "pages": None, "idle": 0.0}
+    assert sensor_.report(31.0, 0.0, 1, 0.0)["connections"] == 0
+    sensor_.pages(A, 0)
+    assert [row["user"] for row in sensor_.register(40.0)] == [B]  # no page left: idle, swept
     for bad in (-1, True, 1.5):
         with pytest.raises(ValueError, match="is not a count"):
             sensor_.pages(A, bad)  # type: ignore[arg-type]
@@ -235,6 +262,12 @@ def test_the_sensors_register_and_what_the_app_reports():
 async def test_streams_and_websockets_are_connections_and_the_executor_queue_is_measured(tmp_path):
     app = web.Application()
     made = setup(app, concurrency=1)
+
+    @web.middleware
+    async def cloning(request: web.Request, handler):  # an inner middleware that clones (as aiohttp-remotes)
+        return await handler(request.clone())
+
+    app.middlewares.append(cloning)
     release = asyncio.Event()
     gate = threading.Event()
 

@@ -141,8 +141,9 @@ def _queued(d, timeout: float = 5.0) -> dict:
         pool = d.pool()
         reception = next(w for w in pool["workers"] if w["reception"])
         executor = (reception["last_report"] or {}).get("executor") or {}
-        if executor.get("queue_depth") or time.monotonic() > deadline:
+        if executor.get("queue_depth"):
             return executor
+        assert time.monotonic() < deadline, f"no queue_depth in the reception's reports: {reception['last_report']}"
         time.sleep(0.05)
 
 
@@ -163,6 +164,15 @@ def test_the_monitor_page_and_its_json(daemons, tmp_path):
     assert [r["user"] for r in state["population"]["rows"] if "error" not in r] == [cookie[:8]]
     assert _get(d, "/monitor/state?app=acme/nope")[0] == 404
     assert _get(d, "/monitor/state?app=nope")[0] == 400
+    # Without auth, a Host that is a name is refused (what a DNS-rebinding page sends); localhost is fine.
+    for host, code in (("evil.example:9464", 403), ("localhost:9464", 200), ("[::1]:9464", 200)):
+        request = urllib.request.Request(f"http://127.0.0.1:{d.metrics_port}/monitor/state", headers={"Host": host})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                got = response.status
+        except urllib.error.HTTPError as exc:
+            got = exc.code
+        assert got == code, host
 
 
 def test_basic_auth_guards_the_monitor_and_a_new_password_comes_with_a_reload(daemons, tmp_path):

@@ -112,8 +112,8 @@ def _server(walk: Walk, node: Any, line: int | None) -> Server:
 
 
 def _monitor(walk: Walk, server: CommentedMap) -> MonitorAuth | None:
-    """``server.monitor: {user, password_file}``: both, or no key at all (an auth half given is refused, not
-    taken for no auth)."""
+    """``server.monitor: {user, password_file}``: both, or none (absent or null, as any key: no auth). An auth
+    half given is refused, not taken for no auth."""
     if server.get("monitor") is None:
         return None
     line = walk.key_line(server, "monitor")

@@ -62,8 +62,8 @@ def authorized(header: str | None, credentials: Credentials | None) -> bool:
     if scheme.lower() != "basic":
         return False
     try:
-        decoded = base64.b64decode(encoded.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError):
+        decoded = base64.b64decode(encoded.strip().encode("ascii"), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeError):  # not base64, not ASCII (a header's bytes are the client's), not UTF-8
         return False
     user, sep, password = decoded.partition(":")
     # Both compared, in constant time, whatever the first one gave: the answer's timing says nothing.

@@ -9,6 +9,7 @@ error row of the population (``unreachable``), and the others' answers are used 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -42,14 +43,17 @@ async def _ask(channel: Asker, worker: str, group: str, timeout: float) -> Worke
     if "monitor" not in channel.capabilities(worker):
         return WorkerAnswer(worker, group, asked=False)
     try:
-        answer, _ = await channel.request(worker, {"type": "monitor"}, timeout)
+        answer, payload = await channel.request(worker, {"type": "monitor"}, timeout)
     except Exception as exc:  # TimeoutError, ChannelError (no connection, closed meanwhile), a send that failed
         log.debug("monitor: %s did not answer: %s", worker, exc)
         return WorkerAnswer(worker, group, error="unreachable")
     if answer.get("type") != "register":
-        return WorkerAnswer(worker, group, error=f"refused: {answer.get('reason', answer.get('type'))}")
+        return WorkerAnswer(worker, group, error=f"refused: {str(answer.get('reason', answer.get('type')))[:200]}")
     try:
-        return WorkerAnswer(worker, group, register=parse_register(answer.get("users")))
-    except RegisterError as exc:
+        if payload is None:
+            raise RegisterError("the users must follow the answer as its payload")
+        users = json.loads(payload)
+        return WorkerAnswer(worker, group, register=parse_register(users))
+    except (RegisterError, ValueError, RecursionError) as exc:  # (a worker's bytes: anything but a crash here)
         log.warning("monitor: %s sent a register elasticd cannot read: %s", worker, exc)
-        return WorkerAnswer(worker, group, error=f"bad register: {exc}")
+        return WorkerAnswer(worker, group, error=f"bad register: {str(exc)[:200]}")

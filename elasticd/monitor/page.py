@@ -6,12 +6,14 @@ and redraws without reloading. The state is the daemon's (``StateFn``): the app 
 (``GET /v1/apps/…/pool``'s document) and its population.
 
 Both answer only with the credentials of ``server.monitor`` when it is set (the page shows user names);
-``/metrics`` stays open to the scraper either way.
+without it, only a ``Host`` that is an address or ``localhost`` (a browser on this host; a DNS-rebinding page
+sends its own name). ``/metrics`` stays open to the scraper either way.
 """
 
 from __future__ import annotations
 
 import importlib.resources
+import ipaddress
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,7 +21,7 @@ from aiohttp import web
 
 from elasticd.monitor.auth import CHALLENGE, Credentials, authorized
 
-__all__ = ["MonitorPage", "StateFn"]
+__all__ = ["MonitorPage", "StateFn", "local_host"]
 
 # (the app asked for as "tenant/app", or None for the first) → the page's state; LookupError: no such app
 StateFn = Callable[[str | None], Awaitable[dict[str, Any]]]
@@ -28,6 +30,23 @@ _HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff", "X
             "Referrer-Policy": "no-referrer"}
 # The page's own inline script and style, nothing else: no request leaves for another origin.
 _CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:"
+
+
+def local_host(host: str) -> bool:
+    """Whether a Host header names an address (v4, [v6]) or localhost, whatever the port."""
+    name = host.strip().lower()
+    if name.startswith("["):
+        name = name[1:name.find("]")] if "]" in name else name
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    name = name.rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 class MonitorPage:
@@ -43,6 +62,14 @@ class MonitorPage:
         app.router.add_get("/monitor/state", self._state_json)
 
     def _refused(self, request: web.Request) -> web.Response | None:
+        if self.credentials is None:
+            if local_host(request.host):
+                return None
+            # Without credentials the page is for this host's own browser: a Host that is a name (not an address,
+            # not localhost) is what a DNS-rebinding page would send to read the logins from a browser on it.
+            return web.Response(status=403, text=f"403: without server.monitor (basic auth), the monitor answers "
+                                                 f"only a Host that is an address or localhost, not {request.host!r}\n",
+                                headers=_HEADERS)
         if authorized(request.headers.get("Authorization"), self.credentials):
             return None
         return web.Response(status=401, text="401: the monitor needs the user and password of server.monitor\n",

@@ -14,6 +14,7 @@ pool API does), and the login name a worker gave the user.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -66,10 +67,25 @@ class SurfaceView(UsedView, Protocol):
     seen: float
 
 
+_USER_ID = re.compile(r"[0-9a-f]{32}")  # what the front's cookie carries (sticky.new_user_id)
+
+
 def _count(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise RegisterError(f"{where}: {value!r} is not a count")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:
+        raise RegisterError(f"{where}: {str(value)[:40]} is not a count")
     return value
+
+
+def _seconds(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RegisterError(f"{where}: {str(value)[:40]} is not a number of seconds")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        raise RegisterError(f"{where}: {str(value)[:40]}... is not a number of seconds") from None
+    if not 0 <= seconds < float("inf"):
+        raise RegisterError(f"{where}: {value} is not a number of seconds")
+    return seconds
 
 
 def parse_register(users: Any) -> tuple[RegisterRow, ...]:
@@ -82,14 +98,12 @@ def parse_register(users: Any) -> tuple[RegisterRow, ...]:
         if not isinstance(raw, dict):
             raise RegisterError(f"{where}: not an object")
         user = raw.get("user")
-        if not isinstance(user, str) or not user:
-            raise RegisterError(f"{where}.user: {user!r} is not a user id")
+        if not isinstance(user, str) or not _USER_ID.fullmatch(user):
+            raise RegisterError(f"{where}.user: {str(user)[:40]!r} is not a user id (32 hex digits)")
         pages = raw.get("pages")
-        idle = raw.get("idle")
-        if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not 0 <= idle < float("inf"):
-            raise RegisterError(f"{where}.idle: {idle!r} is not a number of seconds")
         rows.append(RegisterRow(user, _count(raw.get("connections", 0), f"{where}.connections"),
-                                None if pages is None else _count(pages, f"{where}.pages"), float(idle)))
+                                None if pages is None else _count(pages, f"{where}.pages"),
+                                _seconds(raw.get("idle"), f"{where}.idle")))
     return tuple(rows)
 
 

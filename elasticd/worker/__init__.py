@@ -64,7 +64,8 @@ def executor(app: web.Application) -> WorkerExecutor:
 async def run_sync(request: web.Request, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)`` in the worker's executor, awaited (the event loop serves others meanwhile)."""
     call = functools.partial(fn, *args, **kwargs)
-    return await asyncio.get_running_loop().run_in_executor(executor(request.app), call)
+    pool: WorkerExecutor = request.config_dict[EXECUTOR_KEY]  # (config_dict: a sub-application's too)
+    return await asyncio.get_running_loop().run_in_executor(pool, call)
 
 
 def user_state(request: web.Request) -> dict[str, Any]:
@@ -74,7 +75,7 @@ def user_state(request: web.Request) -> dict[str, Any]:
     user = request.headers.get(USER_HEADER)
     if not user:
         raise LookupError(f"the request has no {USER_HEADER} header: it did not come through elasticd's front")
-    states: UserStates = request.app[STATES_KEY]
+    states: UserStates = request.config_dict[STATES_KEY]  # (config_dict: a sub-application's too)
     return states.of(user)
 
 

@@ -11,13 +11,14 @@ there (restarting), the client retries with a capped backoff; a report is never 
 reading is confidently wrong, a missing one merely imprecise). elasticd's move requests (snapshot, install,
 forget) are handed to the ``MoveHandler``'s own thread, which answers on the same socket; its ``monitor``
 request (the population: ``{"type": "monitor", "id": N}``) is answered at once from this thread, with the
-sensor's register (``{"type": "register", "id": N, "users": [...]}``): a copy of a small table, and never
-behind a big package being pickled.
+sensor's register (``{"type": "register", "id": N, "bytes": B}`` then B bytes: the users as a JSON list): a
+copy of a table, never behind a big package being pickled.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -190,8 +191,10 @@ class ChannelClient:
             if self._register is None:
                 self._send(sock, {"type": "refused", "id": message.get("id"), "reason": "no register here"})
             else:
-                self._send(sock, {"type": "register", "id": message.get("id"),
-                                  "users": self._register(time.monotonic())})
+                # The users as the frame's payload, not inside its line: a line is bounded (MAX_LINE), and a busy
+                # reception's register is not.
+                users = json.dumps(self._register(time.monotonic()), separators=(",", ":")).encode()
+                self._send(sock, {"type": "register", "id": message.get("id")}, users)
         else:
             log.warning("elasticd sent a message this library does not know: %r", kind)
 

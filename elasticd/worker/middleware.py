@@ -26,8 +26,10 @@ USER_HEADER = "X-Elastic-User-Id"
 _SYSTEM = "__elastic_system_route__"
 # Request keys (a Request is a mapping for exactly this): RequestKeys where aiohttp has them (a plain string warns
 # there), strings on Debian bookworm's 3.8.
-_IN_HANDLER: Any = web.RequestKey("elastic_in_handler", bool) if hasattr(web, "RequestKey") else "elastic_in_handler"
-_STREAMING: Any = web.RequestKey("elastic_streaming", bool) if hasattr(web, "RequestKey") else "elastic_streaming"
+# One mutable holder per request, [in its handler, streaming]: a request an inner middleware clones
+# (request.clone(), as aiohttp-remotes does) shares its state's values with the original, so the flag the
+# response's prepare sets on the clone is the one this middleware reads.
+_WATCH: Any = web.RequestKey("elastic_watch", list) if hasattr(web, "RequestKey") else "elastic_watch"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -44,13 +46,13 @@ def sensor_middleware(sensor: Sensor, clock: Callable[[], float] = time.monotoni
         if not getattr(target, _SYSTEM, False):
             sensor.touch(request.headers.get(USER_HEADER), clock())
         sensor.request_started()
-        request[_IN_HANDLER] = True
+        watch = request[_WATCH] = [True, False]
         try:
             return await handler(request)
         finally:
-            request[_IN_HANDLER] = False
+            watch[0] = False
             sensor.request_finished()
-            if request.get(_STREAMING):
+            if watch[1]:
                 sensor.stream_closed(request.headers.get(USER_HEADER), clock())
 
     return middleware
@@ -60,8 +62,9 @@ def stream_watch(sensor: Sensor, clock: Callable[[], float] = time.monotonic) ->
     """The ``on_response_prepare`` handler that counts a stream opened (see the module's note)."""
 
     async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
-        if request.get(_IN_HANDLER) and not request.get(_STREAMING):
-            request[_STREAMING] = True
+        watch = request.get(_WATCH)
+        if watch is not None and watch[0] and not watch[1]:
+            watch[1] = True
             sensor.stream_opened(request.headers.get(USER_HEADER), clock())
 
     return on_prepare

@@ -144,9 +144,10 @@ class Sensor:
 
     def _sweep(self, now: float) -> None:
         # Users idle for ten windows are dropped from the register (the front forgets them on its own TTL);
-        # one with a stream still open is not idle. (Called under the lock.)
+        # one with a stream still open is not idle, and one the app says has pages open (a page left in a
+        # background tab) is kept until the app says 0. (Called under the lock.)
         horizon = now - 10 * self.window
-        for user in [u for u, v in self._users.items() if v.seen < horizon and not v.connections]:
+        for user in [u for u, v in self._users.items() if v.seen < horizon and not v.connections and not v.pages]:
             del self._users[user]
 
     def report(self, now: float, cpu_seconds: float | None = None, rss: int | None = None,
@@ -193,5 +194,7 @@ class Sensor:
         connections, its pages (None: the app does not report pages) and how long ago it was last active."""
         with self._lock:
             self._sweep(now)
+            # A user with a stream open is active now, however long ago the stream began.
             return [{"user": user, "connections": v.connections, "pages": v.pages,
-                     "idle": round(max(now - v.seen, 0.0), 3)} for user, v in self._users.items()]
+                     "idle": 0.0 if v.connections else round(max(now - v.seen, 0.0), 3)}
+                    for user, v in self._users.items()]

@@ -109,7 +109,13 @@ class Exchange:
             if entry is not None:
                 entry.add(seconds, now)
             elif surface is not None and self.cookie_line and self.user is not None:
-                surface.newcomers.credit(self.user, seconds, now)
+                # The cookie may have come back while this first answer was still streaming (a browser keeps
+                # it from the answer's head: the page's assets bring it): the user is on the surface already.
+                entered = surface.users.get(self.user)
+                if entered is not None:
+                    entered.add(seconds, now)
+                else:
+                    surface.newcomers.credit(self.user, seconds, now)
         quota = self.quota
         if quota is not None:
             if quota.gate.in_flight > 0:  # quota.leave(), inlined
