@@ -99,16 +99,21 @@ def render_status(status: dict[str, Any]) -> str:
         user = tenant.get("user")
         runs_as = f"{user['name']}:{user['group']}" if user else "root (no user:)"
         for aname, app in tenant["apps"].items():
+            canary = app.get("canary")
             for gname, group in app["groups"].items():
-                label = gname + ("*" if gname == app["default_group"] else "")
+                # * the default group (new users), ~ the canary with its share, nothing: users finishing there
+                label = gname + ("*" if gname == app["default_group"] else
+                                 f"~{canary['share']:.0%}" if canary and canary["group"] == gname else "")
+                users = str(group.get("users", "-"))
                 if not group["workers"]:
-                    rows.append([tname, runs_as, aname, label, "-", "-", "none", "-", "-"])
+                    rows.append([tname, runs_as, aname, label, users, "-", "-", "none (at zero)", "-", "-"])
                 for w in group["workers"]:
-                    rows.append([tname, runs_as, aname, label, w["id"], str(w["pid"] or "-"), w["state"],
+                    rows.append([tname, runs_as, aname, label, users, w["id"], str(w["pid"] or "-"), w["state"],
                                  _duration(w["uptime"]), str(w["restarts"])])
     out.append("")
-    out.append(table(["TENANT", "USER", "APP", "GROUP", "WORKER", "PID", "STATE", "UPTIME", "RESTARTS"], rows)
-               if rows else "no apps configured")
+    out.append(table(["TENANT", "USER", "APP", "GROUP", "USERS", "WORKER", "PID", "STATE", "UPTIME", "RESTARTS"],
+                     rows) if rows else "no apps configured")
+    out.append("GROUP: * new users go there, ~ the canary and its share of new users, bare: its users finish there")
     return "\n".join(out)
 
 
@@ -226,7 +231,9 @@ def render_pool(data: dict[str, Any]) -> str:
     for name, group in data["groups"].items():
         t = group["thresholds"]
         book = group["ledger"]
-        out.append(f"{data['tenant']}/{data['app']} group {name}: {len(group['workers'])} workers "
+        zero = "" if group["workers"] else (" — at zero: its next request starts one" if group.get("active", True)
+                                             else " — at zero: new users go elsewhere")
+        out.append(f"{data['tenant']}/{data['app']} group {name}: {len(group['workers'])} workers{zero} "
                    f"(min {t['min_workers']}, max {t['max_workers'] or 'unbounded'}); thresholds reception "
                    f"{t['reception']:g}, admission {t['admission']:g}, margin {t['compaction_margin']:g}")
         out.append(f"ledger: C={book['C']:.2f} O={book['O']:.2f} H={book['H']:.2f} "

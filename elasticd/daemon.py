@@ -120,6 +120,7 @@ class Daemon:
                                 budget=self._budget, tunnels=self.front.tunnels_by_worker,
                                 user_tunnels=self.front.tunnels_of)
         self.front.on_login = self.pool.on_login
+        self.front.wake = self.pool.wake  # a request for a group at zero workers starts one and waits for it
         self.supervisor.drain = lambda workers, timeout: self.pool.wait_drained([w.id for w in workers], timeout)
         self.channel = ChannelServer(os.path.join(server.runtime_dir, "channel.sock"), self._authenticate,
                                      self.pool.on_report)
@@ -208,6 +209,13 @@ class Daemon:
 
     def _on_worker_state(self, worker: Worker) -> None:
         self.notifier.status(self.supervisor.summary())
+        key = (worker.tenant, worker.app, worker.group)
+        if worker.routable:
+            self.pool.on_routable(worker.id)
+            self.front.woke(key)  # requests waiting for a group at zero: they go to it now
+        elif worker.state == "failed" or (worker.state in _GONE_STATES and not any(
+                w.state in ("new", "starting", "backoff", "running") for w in self.supervisor.workers_of(key))):
+            self.front.wake_failed(key, f"its worker {worker.id} did not start ({worker.state})")
         if worker.state in _GONE_STATES:
             # The pooled connections point at a process that is gone; a restarted one gets fresh ones, and
             # a fresh window: its readings described another process.
@@ -365,6 +373,7 @@ class Daemon:
 
     def status(self) -> dict[str, Any]:
         workers = self.supervisor.status()
+        users = self.front.surface.count_by_worker()
         tenants: dict[str, Any] = {}
         for tenant in self.config.tenants.values():
             apps: dict[str, Any] = {}
@@ -374,7 +383,13 @@ class Daemon:
                     "root": app.root,
                     "leaf": self.cgroups.leaf(tenant.name, app.name),
                     "default_group": app.default_group,
-                    "groups": {g: {"workers": workers.get((tenant.name, app.name, g), [])} for g in app.groups},
+                    "groups": {g: {"workers": workers.get((tenant.name, app.name, g), []),
+                                   "users": sum(users.get(w.id, 0)
+                                                for w in self.supervisor.workers_of((tenant.name, app.name, g))),
+                                   "active": g in app.active_groups}
+                               for g in app.groups},
+                    "canary": None if app.canary is None else {"group": app.canary.group,
+                                                               "share": app.canary.share},
                 }
             run_as = tenant.run_as
             tenants[tenant.name] = {"limits": self.limits.describe(tenant.name), "apps": apps,

@@ -55,12 +55,12 @@ def test_newcomers_are_bounded_in_two_generations_claimed_once_and_expire() -> N
     table.credit("a", 0.1, 1.0)
     table.credit("b", 0.2, 2.0)
     table.credit("c", 0.3, 3.0)  # the newer generation was full: it becomes the older one
-    assert len(table) == 3 and table.snapshot() == {"a": (0.1, 1.0), "b": (0.2, 2.0), "c": (0.3, 3.0)}
+    assert len(table) == 3 and table.snapshot() == {"a": (0.1, 1.0, ""), "b": (0.2, 2.0, ""), "c": (0.3, 3.0, "")}
     table.credit("d", 0.4, 4.0)
     table.credit("e", 0.5, 5.0)  # full again: a and b go whole
     assert sorted(table.snapshot()) == ["c", "d", "e"]
-    assert table.claim("c") == (0.3, 3.0) and table.claim("c") is None  # once, from either generation
-    assert table.claim("e") == (0.5, 5.0)
+    assert table.claim("c") == (0.3, 3.0, "") and table.claim("c") is None  # once, from either generation
+    assert table.claim("e") == (0.5, 5.0, "")
     table.expire(horizon=4.5)  # the older generation (d) stopped taking ids at 5.0: kept
     assert sorted(table.snapshot()) == ["d"]
     table.expire(horizon=5.5)
@@ -118,7 +118,7 @@ def test_only_answers_from_the_worker_are_credited_to_the_user(event: Event, cre
         _ended(event, new_user=new_user, surface=surface, forwards=forwards)
         assert forwards.workers["w1"].requests == 1  # the worker counts it whatever happened
         if new_user:
-            assert (surface.newcomers.snapshot().get("u1") == (0.5, 10.5)) is credited, event
+            assert (surface.newcomers.snapshot().get("u1") == (0.5, 10.5, "")) is credited, event
         else:
             used = surface.users["u1"]
             assert (used.requests == 1 and used.seconds == 0.5) is credited, event
@@ -138,3 +138,10 @@ def test_a_first_request_whose_cookie_came_back_before_it_ended_goes_to_the_entr
     entry.add(0.1, 11.0)
     first.end(EVENT_ANSWER_END, 200, 12.0, forwards, surface)
     assert (entry.requests, entry.seconds) == (2, pytest.approx(2.1)) and len(surface.newcomers) == 0
+
+
+def test_a_newcomer_comes_back_to_the_group_its_first_request_went_to() -> None:
+    surface = Surface(ttl=60.0)
+    surface.newcomers.credit("u1", 0.5, 1.0, "green")
+    assert surface.newcomers.group_of("u1") == "green" and surface.newcomers.group_of("u2") == ""
+    assert surface.assign("u1", "w1", 2.0).group == "green"  # (a reload made blue the default meanwhile)

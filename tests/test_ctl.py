@@ -12,10 +12,12 @@ STATUS = {
     "last_reload": {"ok": False, "error": "/etc/elastic.yaml:\ntenants.acme.resources.cpu (line 4): bad",
                     "problems": [], "at": "2026-11-30T12:00:00Z"},
     "tenants": {"acme": {"user": {"name": "shop", "uid": 1001, "group": "shop", "gid": 1001},
-                         "apps": {"shop": {"default_group": "green", "groups": {
-        "green": {"workers": [{"id": "acme.shop.green.1", "pid": 7, "state": "running", "uptime": 61.2,
-                               "restarts": 0}]},
-        "blue": {"workers": []}}}}}},
+                         "apps": {"shop": {"default_group": "green", "canary": {"group": "canary", "share": 0.1},
+                                           "groups": {
+        "green": {"users": 3, "workers": [{"id": "acme.shop.green.1", "pid": 7, "state": "running", "uptime": 61.2,
+                                           "restarts": 0}]},
+        "canary": {"users": 0, "workers": []},
+        "blue": {"users": 0, "workers": []}}}}}},
 }
 
 
@@ -25,11 +27,14 @@ def test_status_table():
     assert "last reload: REFUSED" in text and "tenants.acme.resources.cpu (line 4): bad" in text
     lines = text.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("TENANT"))
-    assert lines[header].split() == ["TENANT", "USER", "APP", "GROUP", "WORKER", "PID", "STATE", "UPTIME",
+    assert lines[header].split() == ["TENANT", "USER", "APP", "GROUP", "USERS", "WORKER", "PID", "STATE", "UPTIME",
                                      "RESTARTS"]
-    assert lines[header + 1].split() == ["acme", "shop:shop", "shop", "green*", "acme.shop.green.1", "7", "running",
-                                         "1m01s", "0"]
-    assert lines[header + 2].split() == ["acme", "shop:shop", "shop", "blue", "-", "-", "none", "-", "-"]
+    assert lines[header + 1].split() == ["acme", "shop:shop", "shop", "green*", "3", "acme.shop.green.1", "7",
+                                         "running", "1m01s", "0"]
+    assert lines[header + 2].split() == ["acme", "shop:shop", "shop", "canary~10%", "0", "-", "-", "none", "(at",
+                                         "zero)", "-", "-"]
+    assert lines[header + 3].split() == ["acme", "shop:shop", "shop", "blue", "0", "-", "-", "none", "(at", "zero)",
+                                         "-", "-"]
 
 
 def _ctl(*args: str) -> subprocess.CompletedProcess[str]:

@@ -45,6 +45,11 @@ class _W:
         self.worker_id = worker_id
 
 
+def _workers(*ids: str):
+    """A WorkersFn: the same routable workers for every group."""
+    return lambda tenant, app, group: [_W(i) for i in ids]
+
+
 def _head(cookie: bytes | None) -> RequestHead:
     head = RequestHead()
     head.cookie = cookie
@@ -58,13 +63,13 @@ def test_decide_holds_a_moving_users_request_before_asking_the_quota():
     target = Target(AppRoute("acme", "shop", "green"), RouteStats(), None)
     forwards = ForwardCounters()
     assert surface.flag(USER) and not surface.flag(USER) and surface.moving == 1
-    assert decide(target, _head(b"elastic_uid=" + USER.encode()), 1.0, [_W("w1")], (), surface, place,
+    assert decide(target, _head(b"elastic_uid=" + USER.encode()), 1.0, _workers("w1"), (), surface, place,
                   forwards) == Hold(USER)
-    other = decide(target, _head(b"elastic_uid=" + OTHER.encode()), 1.0, [_W("w1")], (), surface, place, forwards)
+    other = decide(target, _head(b"elastic_uid=" + OTHER.encode()), 1.0, _workers("w1"), (), surface, place, forwards)
     assert not isinstance(other, Hold)
     surface.unflag(USER)
     assert surface.moving == 0
-    assert not isinstance(decide(target, _head(b"elastic_uid=" + USER.encode()), 1.0, [_W("w1")], (), surface,
+    assert not isinstance(decide(target, _head(b"elastic_uid=" + USER.encode()), 1.0, _workers("w1"), (), surface,
                                  place, forwards), Hold)
 
 
@@ -207,13 +212,13 @@ def test_a_user_pinned_to_a_worker_being_emptied_is_served_there_until_its_move(
     surface.pin(USER)  # waits its turn to be moved off w2, which takes no one new
     target = Target(AppRoute("acme", "shop", "green"), RouteStats(), None)
     kept = {"w2": _W("w2")}
-    pinned = decide(target, _head(b"elastic_uid=" + USER.encode()), 1.0, [_W("w1")], (), surface, place,
+    pinned = decide(target, _head(b"elastic_uid=" + USER.encode()), 1.0, _workers("w1"), (), surface, place,
                     ForwardCounters(), kept.get)
     assert not isinstance(pinned, Hold) and pinned[0].worker_id == "w2"
-    other = decide(target, _head(b"elastic_uid=" + OTHER.encode()), 1.0, [_W("w1")], (), surface, place,
+    other = decide(target, _head(b"elastic_uid=" + OTHER.encode()), 1.0, _workers("w1"), (), surface, place,
                    ForwardCounters(), kept.get)
     assert not isinstance(other, Hold) and other[0].worker_id == "w1"  # not pinned: re-placed
-    dead = decide(target, _head(b"elastic_uid=" + USER.encode()), 1.0, [_W("w1")], ("w2",), surface, place,
+    dead = decide(target, _head(b"elastic_uid=" + USER.encode()), 1.0, _workers("w1"), ("w2",), surface, place,
                   ForwardCounters(), kept.get)
     assert not isinstance(dead, Hold) and dead[0].worker_id == "w1"  # a kept worker found dead is not used
     surface.assign(USER, "w1", 2.0)

@@ -56,12 +56,14 @@ def test_normalize_host(header: str | None, host: str | None) -> None:
 
 def test_from_config_maps_every_domain_to_the_default_group() -> None:
     table = RouteTable.from_config(parse_config(CONFIG))
-    assert table.lookup("shop.localhost:8080") == SHOP
-    assert table.lookup("shop.example.com.") == SHOP
-    assert table.lookup("www.blog.localhost") == AppRoute("globex", "blog", "blue")  # first group by default
+    shop = AppRoute("acme", "shop", "green", groups=frozenset({"blue", "green"}))
+    assert table.lookup("shop.localhost:8080") == shop
+    assert table.lookup("shop.example.com.") == shop
+    blog = AppRoute("globex", "blog", "blue", groups=frozenset({"blue"}))
+    assert table.lookup("www.blog.localhost") == blog  # first group by default
     assert table.lookup("unknown.localhost") is None
     assert len(table) == 4
-    assert set(table.routes()) == {SHOP, AppRoute("globex", "blog", "blue")}
+    assert set(table.routes()) == {shop, blog}
 
 
 @pytest.mark.parametrize(("header", "route"), [

@@ -63,7 +63,7 @@ def test_fusion_puts_consumption_into_each_users_row_and_an_error_row_for_a_sile
 
 
 def test_a_worker_without_the_library_has_rows_from_the_surface_alone_and_newcomers_count():
-    first = (0.2, 100.0)
+    first = (0.2, 100.0, "green")
     answers = [WorkerAnswer("w2", "blue", asked=False), WorkerAnswer("w1", "green", register=(
         RegisterRow("e" * 32, 0, None, 0.1),))]
     rows = fuse(answers, _surface().users.items(), 101.0, newcomers={"e" * 32: first})

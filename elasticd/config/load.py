@@ -23,6 +23,7 @@ from ruamel.yaml.error import MarkedYAMLError
 from elasticd.config.checks import check_document
 from elasticd.config.model import (
     App,
+    Canary,
     CgroupSettings,
     Config,
     Group,
@@ -48,6 +49,7 @@ from elasticd.config.walk import (
     join,
     kind,
     mode,
+    percentage,
     positive_number,
     share,
     string,
@@ -69,10 +71,10 @@ _SERVER_KEYS = ("listen", "metrics_listen", "admin_socket", "admin_group", "runt
 _TENANT_KEYS = ("user", "group", "resources", "quotas", "apps")
 _RESOURCE_KEYS = ("cpu", "memory", "swap", "pids", "io_weight", "io_bandwidth")
 _QUOTA_KEYS = ("max_concurrent_requests", "requests_per_second", "burst")
-_APP_KEYS = ("domains", "root", "default_group", "groups")
+_APP_KEYS = ("domains", "root", "default_group", "canary", "groups")
 _GROUP_KEYS = ("command", "python", "env", "concurrency", "pool")
 _POOL_KEYS = ("min_workers", "max_workers", "reception_threshold", "admission_threshold",
-              "compaction_margin", "memory_limit", "drain_timeout", "cpu_held_at", "throttled_held_at",
+              "compaction_margin", "memory_limit", "drain_timeout", "idle_timeout", "cpu_held_at", "throttled_held_at",
               "memory_held_at", "pids_held_at")
 
 
@@ -193,7 +195,7 @@ def _pool(walk: Walk, node: Any, path: str, line: int | None) -> PoolSettings:
     # `max_workers: null` (or "max") is unbounded, as in seed 000; only an absent key takes the default.
     unbounded = "max_workers" in m and m["max_workers"] is None
     pool = PoolSettings(
-        min_workers=walk.value(m, "min_workers", path, integer(1, 1000), d.min_workers),
+        min_workers=walk.value(m, "min_workers", path, integer(0, 1000), d.min_workers),
         max_workers=None if unbounded else walk.value(m, "max_workers", path, integer(1, 1000, allow_max=True),
                                                       d.max_workers),
         reception_threshold=walk.value(m, "reception_threshold", path, fraction, d.reception_threshold),
@@ -201,6 +203,7 @@ def _pool(walk: Walk, node: Any, path: str, line: int | None) -> PoolSettings:
         compaction_margin=walk.value(m, "compaction_margin", path, positive_number, d.compaction_margin),
         memory_limit=walk.value(m, "memory_limit", path, lambda v: parse_size(v, allow_zero=False), None),
         drain_timeout=walk.value(m, "drain_timeout", path, duration, d.drain_timeout),
+        idle_timeout=walk.value(m, "idle_timeout", path, duration, d.idle_timeout),
         cpu_held_at=walk.value(m, "cpu_held_at", path, share, d.cpu_held_at),
         throttled_held_at=walk.value(m, "throttled_held_at", path, share, d.throttled_held_at),
         memory_held_at=walk.value(m, "memory_held_at", path, share, d.memory_held_at),
@@ -302,7 +305,33 @@ def _app(walk: Walk, name: str, node: Any, path: str, line: int | None) -> App:
     elif groups and default not in groups:
         walk.error(f"{path}.default_group", walk.key_line(m, "default_group"),
                    f'"{default}" is not one of its groups ({", ".join(groups)})')
-    return App(name=name, domains=tuple(domains), root=root, default_group=default, groups=groups)
+    canary = _canary(walk, m, path, groups, default)
+    return App(name=name, domains=tuple(domains), root=root, default_group=default, groups=groups, canary=canary)
+
+
+def _canary(walk: Walk, app: CommentedMap, path: str, groups: dict[str, Group], default: str) -> Canary | None:
+    """``canary: {group, share}``: another of the app's groups, and the share of new users it gets."""
+    if app.get("canary") is None:
+        return None
+    where = f"{path}.canary"
+    line = walk.key_line(app, "canary")
+    m = walk.mapping(app["canary"], where, line, ("group", "share"))
+    if not isinstance(app["canary"], CommentedMap):
+        return None
+    group = walk.value(m, "group", where, string, None)
+    share = walk.value(m, "share", where, percentage, None)
+    for key, value in (("group", group), ("share", share)):
+        if value is None and key not in m:
+            walk.error(f"{where}.{key}", line, "missing: a canary needs a group and a share")
+    if group is not None and groups and group not in groups:
+        walk.error(f"{where}.group", walk.key_line(m, "group") or line,
+                   f'"{group}" is not one of its groups ({", ".join(groups)})')
+        return None
+    if group is not None and group == default:
+        walk.error(f"{where}.group", walk.key_line(m, "group") or line,
+                   f'"{group}" is the default_group: a canary is another group')
+        return None
+    return Canary(group, share) if group is not None and share is not None else None
 
 
 def _tenant(walk: Walk, name: str, node: Any, path: str, line: int | None) -> Tenant:

@@ -9,8 +9,8 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["Address", "App", "CgroupSettings", "Config", "Group", "MonitorAuth", "PoolSettings", "Quotas", "Resources",
-           "RunAs", "Server", "Tenant", "default_burst"]
+__all__ = ["Address", "App", "Canary", "CgroupSettings", "Config", "Group", "MonitorAuth", "PoolSettings", "Quotas",
+           "Resources", "RunAs", "Server", "Tenant", "default_burst"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +90,7 @@ class PoolSettings:
     compaction_margin: float = 1.5
     memory_limit: int | None = None
     drain_timeout: float = 300.0  # a retired worker's open requests and tunnels get this long to finish
+    idle_timeout: float = 600.0  # a group at min_workers 0 retires its last worker after this long unused
     # A scale-up is held (not made) when the tenant's cgroup could give a new worker nothing: its CPU usage at
     # this share of its cpu.max, or throttled in this share of its periods; memory.current plus one more
     # worker's RSS over this share of memory.max; pids.current plus one more worker's over this share of pids.max.
@@ -110,12 +111,31 @@ class Group:
 
 
 @dataclass(frozen=True, slots=True)
+class Canary:
+    """``canary: {group, share}``: new users whose id hashes within ``share`` (0 to 1) go to ``group``."""
+
+    group: str
+    share: float
+
+
+@dataclass(frozen=True, slots=True)
 class App:
     name: str
     domains: tuple[str, ...]
     root: str
     default_group: str
     groups: Mapping[str, Group]
+    canary: Canary | None = None
+
+    @property
+    def active_groups(self) -> frozenset[str]:
+        """The groups new users go to: the default and the canary. Any other (the blue of a blue/green switch
+        whose users are leaving) starts no worker of its own and empties out."""
+        return frozenset({self.default_group} | ({self.canary.group} if self.canary is not None else set()))
+
+    def floor(self, group: str) -> int:
+        """The workers a group keeps however idle: its min_workers while active, else none."""
+        return self.groups[group].pool.min_workers if group in self.active_groups else 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -153,6 +153,20 @@ def share(value: Any) -> float:
     return part
 
 
+def percentage(value: Any) -> float:
+    """``"10%"`` (or ``"2.5%"``) → 0.1: a share of traffic, 0 % to 100 % (a bare number is a fraction, 0 to 1)."""
+    if isinstance(value, str) and value.strip().endswith("%"):
+        text = value.strip()[:-1].strip()
+        try:
+            number = float(text)
+        except ValueError:
+            raise ValueError(f'"{value}" is not a percentage (write e.g. "10%")') from None
+        if not 0 <= number <= 100:
+            raise ValueError(f'"{value}" is not between 0% and 100%')
+        return number / 100
+    return fraction(value)
+
+
 def positive_number(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{kind(value)} is not a number")

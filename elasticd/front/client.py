@@ -29,6 +29,7 @@ from elasticd.front.core.relay import (
     EVENT_ANSWER_END,
     EVENT_CLIENT_LEFT,
     EVENT_CUT,
+    EVENT_REFUSE,
     EVENT_UPGRADE,
     FAILURE_CUT,
     FAILURE_LATE,
@@ -113,6 +114,15 @@ class ClientConn(asyncio.Protocol):
                 self._pump()
             elif effects:
                 self._carry_out(effects, data)
+        except RelayError as exc:
+            self.fail_closed(exc)
+
+    def refuse_released(self, ex: Exchange, status: int, text: str, retry_after: int | None) -> None:
+        """``ex`` was held (for a worker that did not come up) and is answered by the front, in its turn."""
+        try:
+            ex.advance(EVENT_REFUSE)
+            self.answer(ex, status, text, retry_after=retry_after)
+            self._pump()
         except RelayError as exc:
             self.fail_closed(exc)
 

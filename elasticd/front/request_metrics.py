@@ -55,3 +55,10 @@ class FrontCollector(Collector):
             for reason in (CONCURRENCY, RATE):
                 rejections.add_metric([tenant, reason], counted.get((tenant, reason), 0))
         yield rejections
+        routing = CounterMetricFamily("elasticd_group_routing_total",
+                                      "The group of each new user and why (default, canary), and each request of "
+                                      "a user kept on a group new users no longer go to (sticky).",
+                                      labels=["tenant", "app", "group", "reason"])
+        for (tenant, app, group, reason), count in sorted(self._forwards.routing.copy().items()):
+            routing.add_metric([tenant, app, group, reason], count)
+        yield routing

@@ -20,7 +20,7 @@ from elasticd.config.model import Address, Quotas
 from elasticd.front import serving
 from elasticd.front.client import ClientConn
 from elasticd.front.core.counters import ForwardCounters
-from elasticd.front.core.dispatch import Hold, Refuse, Target, decide
+from elasticd.front.core.dispatch import Hold, Refuse, Target, Wake, decide
 from elasticd.front.core.exchange import Exchange
 from elasticd.front.core.holds import Holds
 from elasticd.front.core.quota import QuotaBook
@@ -49,13 +49,18 @@ WorkersFn = Callable[[str, str, str], Sequence[Upstream]]
 _MISS: Final = object()
 _MAX_HOSTS: Final = 1024  # Host header values remembered with their route (a flood of odd names only resets it)
 STALE_MARGIN: Final = 10.0  # seconds past request_timeout before a dead open-requests entry is swept
+_WAKE_RETRY_AFTER: Final = 5  # seconds a client is told to wait after a cold start that did not come up
+
+
+def _group_name(key: tuple[str, str, str]) -> str:
+    return f"{key[0]}/{key[1]}/{key[2]}"
 
 
 class Front:
     __slots__ = ("_address", "_connecting", "_next_expiry", "_pools", "_probes", "_routes", "_server", "_targets",
                  "_timer", "_workers", "clock", "conns", "forwards", "held", "keepalive_timeout", "kept",
                  "max_header_bytes", "move_timeout", "on_login", "place", "port", "quotas", "request_timeout",
-                 "stale_after", "stopping", "surface", "tunnel_timeout", "unroutable")
+                 "stale_after", "stopping", "surface", "tunnel_timeout", "unroutable", "wake", "waking")
 
     def __init__(self, address: Address, routes: RouteTable, workers: WorkersFn, *,
                  quotas: Mapping[str, Quotas] | None = None, request_timeout: float = 60.0,
@@ -72,6 +77,11 @@ class Front:
         self.max_header_bytes = max_header_bytes  # request line + headers; over it: 431
         self.move_timeout = move_timeout  # a live move's hard deadline: no request is held (much) longer
         self.held: Holds[ClientConn] = Holds()  # requests of users being moved, until their move ends
+        # Requests for a group at zero workers, by "tenant/app/group", until its first worker is routable.
+        self.waking: Holds[ClientConn] = Holds()
+        # Asked when a request's group has no routable worker: True when one is starting (the pool's cold
+        # start); None: such a request is answered 503 at once.
+        self.wake: Callable[[tuple[str, str, str]], bool] | None = None
         # A worker being emptied by live moves, by id, while it still serves its pinned users (the daemon's;
         # None: no worker is ever kept out of the routable list with users on it).
         self.kept: Callable[[str], Upstream | None] | None = None
@@ -220,6 +230,11 @@ class Front:
                 log.warning("front: requests of %s held past the move timeout (%gs): released", user,
                             self.move_timeout)
                 self.release(user)
+            for name in self.waking.overdue(now, self.request_timeout):
+                tenant, app, group = name.split("/")
+                log.warning("front: group %s did not get a routable worker within the request timeout (%gs): "
+                            "its waiting requests are answered 503", name, self.request_timeout)
+                self.wake_failed((tenant, app, group), f"no worker came up within {self.request_timeout:g}s")
             if now >= self._next_expiry:
                 self.surface.expire(now)
                 for request in self.forwards.sweep(now - self.stale_after):
@@ -264,13 +279,8 @@ class Front:
         # The callback that led here (bytes from the client, or the end of the answer before) stamped this
         # instant on the connection: no second clock read per request.
         now = client.active_at
-        if target is not None:
-            route = target.route
-            workers = self._workers(route.tenant, route.app, route.group)
-        else:
-            workers = []
-        decision = decide(target, ex.head, now, workers, self.unroutable, self.surface, self.place, self.forwards,
-                          self.kept)
+        decision = decide(target, ex.head, now, self._workers, self.unroutable, self.surface, self.place,
+                          self.forwards, self.kept, self.wake)
         if isinstance(decision, Refuse):
             self._refuse(client, ex, decision.status, decision.text, retry_after=decision.retry_after)
             return
@@ -278,8 +288,12 @@ class Front:
             ex.advance(EVENT_HOLD)
             self.held.hold(decision.user, client, ex, now)
             return
+        if isinstance(decision, Wake):
+            ex.advance(EVENT_HOLD)
+            self.waking.hold(_group_name(decision.key), client, ex, now)
+            return
         assert target is not None
-        upstream, ex.user, ex.entry, ex.cookie_line, ex.quota = decision
+        upstream, ex.user, ex.entry, ex.cookie_line, ex.quota, ex.group = decision
         ex.route = target.route
         ex.stats = target.stats
         ex.ts = now
@@ -309,15 +323,43 @@ class Front:
         """A move of ``user`` ended: it is forwarded again, and its held requests are dispatched, oldest first,
         to wherever it is now (its new worker, or its old one after an abort). Returns how many went."""
         self.surface.unflag(user)
+        return self._dispatch_held(self.held.release(user), user)
+
+    def woke(self, key: tuple[str, str, str]) -> int:
+        """A worker of a group at zero came up: the requests waiting for it are dispatched, oldest first."""
+        return self._dispatch_held(self.waking.release(_group_name(key)), _group_name(key))
+
+    def wake_failed(self, key: tuple[str, str, str], why: str) -> int:
+        """The group's worker did not come up (its start failed, or not within ``request_timeout``): each
+        request waiting for it is answered 503 with a Retry-After."""
+        name = _group_name(key)
+        answered = 0
+        for client, ex in self.waking.release(name):
+            if client.transport is None or ex.phase is not PHASE_HELD:
+                continue  # the client left meanwhile
+            try:
+                ex.advance(EVENT_RELEASE)
+                target = self.target(ex.head.host)
+                if target is not None:
+                    target.stats.answered(503)  # (answered now: a held request was counted nowhere yet)
+                client.refuse_released(ex, 503, f"{key[0]}/{key[1]}: group {key[2]}: {why}", _WAKE_RETRY_AFTER)
+            except Exception as exc:  # a bug of ours with one request must not strand the others
+                log.exception("front: answering a request waiting for %s failed", name)
+                client.fail_closed(exc)
+                continue
+            answered += 1
+        return answered
+
+    def _dispatch_held(self, held: list[tuple[ClientConn, Exchange]], what: str) -> int:
         released = 0
-        for client, ex in self.held.release(user):
+        for client, ex in held:
             if client.transport is None or ex.phase is not PHASE_HELD:
                 continue  # the client left meanwhile
             try:
                 ex.advance(EVENT_RELEASE)
                 client.released(ex)
             except Exception as exc:  # a bug of ours with one request must not strand the others
-                log.exception("front: releasing a held request of %s failed", user)
+                log.exception("front: releasing a held request of %s failed", what)
                 client.fail_closed(exc)
                 continue
             released += 1
@@ -389,15 +431,16 @@ class Front:
             name = None if login == b"-" else login.decode("utf-8", "replace")
             before = self.surface.users.get(ex.user)
             placed = before is not None and before.login is not None  # logged in already: placed once
-            self.surface.login(ex.user, name, ex.worker, now)
+            self.surface.login(ex.user, name, ex.worker, now, ex.group)
             if name is not None and self.on_login is not None and ex.route is not None:
-                self._placed_at_login(ex.route, ex.user, ex.worker, placed, now)
+                self._placed_at_login(ex.route, ex.group or ex.route.group, ex.user, ex.worker, placed, now)
 
-    def _placed_at_login(self, route: AppRoute, user: str, worker: str, placed: bool, now: float) -> None:
-        """A login: the pool's placement may keep the user where it is or pass it to another worker."""
+    def _placed_at_login(self, route: AppRoute, group: str, user: str, worker: str, placed: bool, now: float) -> None:
+        """A login: the pool's placement may keep the user where it is or pass it to another worker (of its
+        group)."""
         assert self.on_login is not None
         try:
-            chosen = self.on_login(route.key, user, worker, placed)
+            chosen = self.on_login((route.tenant, route.app, group), user, worker, placed)
         except Exception:  # a broken policy must not break the answer that carried the login
             log.exception("placement at login failed for %s", route)
             return

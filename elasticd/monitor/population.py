@@ -108,14 +108,14 @@ def parse_register(users: Any) -> tuple[RegisterRow, ...]:
 
 
 def fuse(answers: Sequence[WorkerAnswer], surface: Iterable[tuple[str, SurfaceView]], now: float,
-         newcomers: Mapping[str, tuple[float, float]] | None = None) -> list[dict[str, Any]]:
+         newcomers: Mapping[str, tuple[float, float, str]] | None = None) -> list[dict[str, Any]]:
     """One row per user of these workers (and one error row per worker that did not answer), grouped by group
     and worker in the order of ``answers``, the most recently active user first within a worker.
 
     A user the surface places on a worker is that worker's row, with the worker's register fused in when it
     answered (pages, connections, its own idea of the last activity); a user the worker knows and the surface
     does not is a row too: one that has not come back with its cookie yet (its first request is in
-    ``newcomers``: (seconds, when)), or one the front forgot (no consumption): the worker holds state for it
+    ``newcomers``: (seconds, when, group)), or one the front forgot (no consumption): the worker holds state for it
     all the same."""
     newcomers = newcomers or {}
     groups = {answer.worker: answer.group for answer in answers}

@@ -41,6 +41,7 @@ from elasticd.pool.evaluator import (
     occupancy,
     rates_of,
 )
+from elasticd.pool.idle import ColdStarts, idle_stop
 from elasticd.pool.journal import Journal
 from elasticd.pool.ledger import ledger, plan_compaction, plan_evacuation
 from elasticd.pool.liveness import Progress, observe, reporting, verdict
@@ -62,12 +63,19 @@ MEASURED_ROWS = SMOOTHING_ROWS // 2  # readings before a worker's occupancy may 
 
 
 class _Group:
-    __slots__ = ("bound", "concurrency", "draining", "held", "journal", "occupancy", "pool", "rss", "sensors",
-                 "spawning", "user_seconds", "wall", "windows")
+    __slots__ = ("active", "bound", "cold", "cold_starts", "concurrency", "draining", "floor", "held", "journal",
+                 "last_active", "last_requests", "occupancy", "pool", "rss", "sensors", "spawning", "user_seconds",
+                 "wall", "windows")
 
-    def __init__(self, pool: PoolSettings, concurrency: int) -> None:
+    def __init__(self, pool: PoolSettings, concurrency: int, floor: int = 1, active: bool = True) -> None:
         self.pool = pool
         self.concurrency = concurrency
+        self.floor = floor  # workers it keeps however idle: min_workers while active, else 0 (Config.App.floor)
+        self.active = active  # new users go to it (the default group or the canary)
+        self.cold: dict[str, float] = {}  # worker → when its cold start began (a request waits for it)
+        self.cold_starts = ColdStarts()
+        self.last_active = 0.0  # when a request to the group was last seen (the sensing tick's count moved)
+        self.last_requests = -1  # the group's forward count at the last tick
         self.wall = 1.0  # the CPU one worker of the group can use: min(1 core, the tenant's cpu.max)
         self.bound: frozenset[str] = frozenset()  # the resources holding the group's scale-up, while they do
         self.held: PoolDecision | None = None  # the decision that started the hold (its reason and numbers)
@@ -144,16 +152,19 @@ class PoolManager:
         self.interval = config.server.occupancy_interval
         self.hung_after = config.server.hung_after
         self.move_timeout = config.server.move_timeout
-        wanted = {(t.name, a.name, g.name): g for t, a, g in config.groups()}
+        wanted = {(t.name, a.name, g.name): (a, g) for t, a, g in config.groups()}
         self.changes += 1
         for key in [k for k in self._groups if k not in wanted]:
             del self._groups[key]
-        for key, group in wanted.items():
+        now = self._clock()
+        for key, (app, group) in wanted.items():
             entry = self._groups.get(key)
+            floor, active = app.floor(group.name), group.name in app.active_groups
             if entry is None:
-                self._groups[key] = _Group(group.pool, group.concurrency)
+                entry = self._groups[key] = _Group(group.pool, group.concurrency, floor, active)
+                entry.last_active = now  # its idle time counts from its start
             else:
-                entry.pool, entry.concurrency = group.pool, group.concurrency
+                entry.pool, entry.concurrency, entry.floor, entry.active = group.pool, group.concurrency, floor, active
                 # memory_limit may have changed: every cached occupancy is re-read from its window.
                 self._reevaluate(entry)
 
@@ -223,6 +234,53 @@ class PoolManager:
         if not decisions or decisions[-1].kind == "keep":
             return None  # keeping is the null action: nobody is re-pointed
         return decisions[-1].worker
+
+    # ------------------------------------------------------------------ scale to zero: the cold start
+
+    def wake(self, key: GroupKey) -> bool:
+        """The front has a request for a group with no routable worker: True when a worker is starting for it
+        (one is started now if none is: a cold start), so the request waits; False when none will come (the
+        group is not configured, at max_workers, its workers failed, or routable ones exist that the front found
+        dead): the request is answered 503 as before."""
+        entry = self._groups.get(key)
+        if entry is None:
+            return False
+        workers = self._supervisor.workers_of(key)
+        if any(w.routable for w in workers):
+            return False
+        if any(w.state in ("new", "starting", "backoff") for w in workers):
+            return True  # a start in flight (this cold start's, or a restart): wait for it
+        if any(w.state == "failed" for w in workers):
+            return False
+        if entry.pool.max_workers is not None and self._supervisor.held(key) >= entry.pool.max_workers:
+            return False
+        worker = self._supervisor.add_worker(key)
+        if worker is None:
+            return False
+        now = self._clock()
+        entry.spawning.add(worker.id)
+        entry.cold[worker.id] = now
+        entry.last_active = now
+        self._record(entry, PoolDecision("scale-up", worker.id, "cold start: a request for a group at zero "
+                                         "workers (it waits in the front for this one)", {"workers": 0}))
+        log.info("pool %s: cold start of %s for a waiting request", "/".join(key), worker.id)
+        return True
+
+    def on_routable(self, worker_id: str) -> float | None:
+        """A worker became routable; the seconds its cold start took, when it was one."""
+        found = self._find(worker_id)
+        if found is None:
+            return None
+        started = found[1].cold.pop(worker_id, None)
+        if started is None:
+            return None
+        seconds = self._clock() - started
+        found[1].cold_starts.observe(seconds)
+        log.info("pool %s: %s routable %.2fs after its cold start", "/".join(found[0]), worker_id, seconds)
+        return seconds
+
+    def cold_starts(self) -> dict[GroupKey, ColdStarts]:
+        return {key: entry.cold_starts for key, entry in self._groups.items()}
 
     # ------------------------------------------------------------------ reports
 
@@ -404,11 +462,11 @@ class PoolManager:
     async def _drain(self, key: GroupKey, entry: _Group, worker_id: str, users: Sequence[str],
                      loads: Mapping[str, float]) -> Evacuation:
         try:
-            if sum(1 for w in self._supervisor.workers_of(key) if w.id != worker_id) < entry.pool.min_workers:
+            if sum(1 for w in self._supervisor.workers_of(key) if w.id != worker_id) < entry.floor:
                 replacement = self._supervisor.add_worker(key)
                 entry.spawning.add(replacement.id)
                 self._record(entry, PoolDecision("scale-up", replacement.id, f"replaces {worker_id}, drained by "
-                                                 f"an operator, to keep min_workers {entry.pool.min_workers}"))
+                                                 f"an operator, to keep min_workers {entry.floor}"))
                 await self._routable_soon(key, replacement.id)
             views = self._views(key, entry)  # the survivors: the drained one is no longer routable here
             plan = plan_evacuation(worker_id, views, loads, users)
@@ -452,13 +510,15 @@ class PoolManager:
         loads, entry.user_seconds = user_loads(views, self._surface.on, entry.user_seconds)
         return loads
 
-    async def _retire(self, key: GroupKey, entry: _Group, worker_id: str) -> None:
+    async def _retire(self, key: GroupKey, entry: _Group, worker_id: str, why: str | None = None) -> None:
         """Graceful: no new requests (draining), let what is open finish (requests and tunnels, up to the
         group's drain_timeout), then stop the worker."""
         started = self._clock()
         try:
             cut = await self.wait_drained([worker_id], entry.pool.drain_timeout)
             reason = f"drain timeout: cut {cut[worker_id]}" if cut else "drained: nothing open on it"
+            if why is not None:
+                reason = f"{why}; {reason}"
             self._record(entry, PoolDecision("retire", worker_id, reason,
                                          {"waited_seconds": round(self._clock() - started, 3)}))
             await self._supervisor.retire(worker_id)
@@ -492,10 +552,15 @@ class PoolManager:
     # ------------------------------------------------------------------ the sensing tick
 
     def sense(self) -> None:
-        """Build reports for workers that do not report; ask the liveness rule about every worker."""
+        """Build reports for workers that do not report; ask the liveness rule about every worker; retire the
+        workers of a group that is idle at a floor of zero."""
         now = self._clock()
         open_requests = self._forwards.open_by_worker()
         oldest = self._forwards.oldest_open_by_worker()
+        tunnels = self._tunnels()
+        users = self._surface.count_by_worker()
+        for key, entry in list(self._groups.items()):
+            self._check_idle(key, entry, now, open_requests, tunnels, users)
         for key, entry in self._groups.items():
             for worker in self._supervisor.workers_of(key):
                 if not worker.routable or worker.pid is None or worker.id in entry.draining:
@@ -517,6 +582,28 @@ class PoolManager:
                         continue
                     cpu = self._tree_cpu(worker.pid)
                 self._check_liveness(key, entry, worker, now, cpu, announced, open_requests, oldest)
+
+    def _check_idle(self, key: GroupKey, entry: _Group, now: float, open_requests: Mapping[str, int],
+                    tunnels: Mapping[str, int], users_by_worker: Mapping[str, int]) -> None:
+        workers = self._supervisor.workers_of(key)
+        requests = sum(self._forwards.worker(w.id).requests for w in workers)
+        open_here = sum(open_requests.get(w.id, 0) + tunnels.get(w.id, 0) for w in workers)
+        if requests != entry.last_requests or open_here:
+            entry.last_requests = requests
+            entry.last_active = now
+        if entry.floor or not workers or entry.draining or entry.spawning:
+            return
+        users = sum(users_by_worker.get(w.id, 0) for w in workers)
+        why = idle_stop(now=now, floor=entry.floor, active=entry.active, workers=len(workers), users=users,
+                        open_requests=open_here, last_active=entry.last_active,
+                        idle_timeout=entry.pool.idle_timeout)
+        if why is None:
+            return
+        log.info("pool %s: %s; retiring %s", "/".join(key), why, ", ".join(w.id for w in workers))
+        entry.draining = entry.draining | {w.id for w in workers}
+        self.changes += 1
+        for worker in workers:
+            self._spawn(self._retire(key, entry, worker.id, why))
 
     def _check_liveness(self, key: GroupKey, entry: _Group, worker: Any, now: float, cpu: float | None,
                         announced: bool, open_requests: Mapping[str, int], oldest: Mapping[str, float]) -> None:
@@ -579,11 +666,16 @@ class PoolManager:
             book = ledger(occupancies, entry.pool)
             pool = entry.pool
             held = entry.held if entry.bound else None
+            cold = entry.cold_starts
             groups[g] = {
+                "active": entry.active, "floor": entry.floor,
+                "cold_starts": {"count": cold.count, "last_seconds": None if cold.last is None else round(cold.last, 3),
+                                "starting": sorted(entry.cold)},
                 "thresholds": {"reception": pool.reception_threshold, "admission": pool.admission_threshold,
                                "compaction_margin": pool.compaction_margin, "min_workers": pool.min_workers,
                                "max_workers": pool.max_workers, "memory_limit": pool.memory_limit,
-                               "drain_timeout": pool.drain_timeout, "cpu_held_at": pool.cpu_held_at,
+                               "drain_timeout": pool.drain_timeout, "idle_timeout": pool.idle_timeout,
+                               "cpu_held_at": pool.cpu_held_at,
                                "throttled_held_at": pool.throttled_held_at, "memory_held_at": pool.memory_held_at,
                                "pids_held_at": pool.pids_held_at},
                 "cpu_wall": round(entry.wall, 4),

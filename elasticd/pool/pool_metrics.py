@@ -1,5 +1,6 @@
 """The pool's Prometheus metrics: occupancy per worker, workers per group, decisions by group and kind, which
-cgroup limit holds a group's scale-up, and live moves by outcome and duration."""
+cgroup limit holds a group's scale-up, cold starts (scale to zero) with their duration, and live moves by
+outcome and duration."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from elasticd.histogram import cumulative_buckets
+from elasticd.pool.idle import COLD_BOUNDS, ColdStarts
 from elasticd.pool.manager import LIMITED_RESOURCES, PoolManager
 from elasticd.pool.move import DURATION_BOUNDS, MoveStats, Outcome
 
@@ -54,9 +56,23 @@ class PoolCollector(Collector):
         yield workers
         yield decisions
         yield bound
+        yield from _cold_starts(self._pool.cold_starts())
         stats: MoveStats | None = getattr(self._pool.mover, "stats", None)
         if stats is not None:
             yield from _moves(stats, self._pool.groups())
+
+
+def _cold_starts(cold: dict[tuple[str, str, str], ColdStarts]) -> Iterator[Metric]:
+    starts = CounterMetricFamily("elasticd_cold_starts", "Workers started for a request that found its group at "
+                                 "zero workers (scale to zero).", labels=["tenant", "app", "group"])
+    duration = HistogramMetricFamily("elasticd_cold_start_seconds", "Seconds from the request that found the group "
+                                     "at zero to its worker accepting connections.", labels=["tenant", "app", "group"])
+    for key, stats in sorted(cold.items()):
+        starts.add_metric(list(key), stats.count)
+        duration.add_metric(list(key), cumulative_buckets(COLD_BOUNDS, stats.buckets, stats.count),
+                            sum_value=stats.sum)
+    yield starts
+    yield duration
 
 
 def _moves(stats: MoveStats, groups: list[tuple[str, str, str]]) -> Iterator[Metric]:

@@ -5,7 +5,7 @@ small fakes and imports none of those modules.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 __all__ = ["GroupKey", "PoolCounters", "PoolForwards", "PoolSupervisor", "PoolSurface", "PoolUser"]
@@ -28,6 +28,7 @@ class PoolUser(Protocol):
 
 class PoolSurface(Protocol):
     def on(self, worker: str) -> Iterable[tuple[str, PoolUser]]: ...
+    def count_by_worker(self) -> Mapping[str, int]: ...
     def assign(self, user: str, worker: str, now: float) -> Any: ...
     def pin(self, user: str, pinned: bool = True) -> None: ...
 

@@ -132,7 +132,7 @@ class Supervisor:
         return {
             (tenant.name, app.name, group.name):
                 Desired(spec_for(app, group, self.leaf_for(tenant.name, app.name), tenant.run_as),
-                        group.pool.min_workers,
+                        app.floor(group.name),  # none for a group new users do not go to, or at min_workers 0
                         group.pool.max_workers, group.pool.drain_timeout)
             for tenant, app, group in config.groups()
         }

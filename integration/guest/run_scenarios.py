@@ -41,6 +41,7 @@ from typing import Any
 sys.dont_write_bytecode = True  # nothing written into the host's share but results
 
 from accounting import s_accounting  # noqa: E402 (after the line above, on purpose)
+from blue_green import s_blue_green  # noqa: E402
 from common import SUITE_APPS, Failed, Scenario, say  # noqa: E402
 from elastic_pool import s_pool  # noqa: E402
 from enforcement import (  # noqa: E402
@@ -84,6 +85,9 @@ SCENARIOS: list[tuple[str, str, Scenario]] = [
      "/etc, elasticd, the other tenant's files, socket and worker; elasticd and the other tenant go on", s_isolation),
     ("15-move", "elasticctl drain moves every user off the reception with its in-process state (/counter goes on "
      "from the survivor), a replacement keeping min_workers, then retires it", s_move),
+    ("16-blue-green", "a default_group switch on reload keeps placed users on green while new ones go to blue; green "
+     "empties as they log out and stops at zero; a min_workers 0 app cold-starts on its first request and goes "
+     "back to zero when idle", s_blue_green),
 ]
 
 

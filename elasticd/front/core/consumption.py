@@ -101,7 +101,8 @@ class Consumption:
 
 
 class Newcomers:
-    """The first request of users given a cookie and not seen back yet: id → (seconds, when it ended).
+    """The first request of users given a cookie and not seen back yet: id → (seconds, when it ended, the group
+    it was routed to — where the user stays when it comes back, whatever a reload changed meanwhile).
 
     Bounded without a scan: two generations of at most ``capacity / 2`` ids each; when the newer one is full
     it becomes the older and the older is dropped whole. (A dict emptied from its oldest end one key at a time
@@ -112,29 +113,40 @@ class Newcomers:
 
     def __init__(self, capacity: int = NEWCOMERS) -> None:
         self.half = max(capacity // 2, 1)
-        self.current: dict[str, tuple[float, float]] = {}
-        self.previous: dict[str, tuple[float, float]] = {}
+        self.current: dict[str, tuple[float, float, str]] = {}
+        self.previous: dict[str, tuple[float, float, str]] = {}
         self.rotated_at = 0.0  # when ``previous`` stopped taking ids: its newest entry is no younger
 
     def __len__(self) -> int:
         return len(self.current) + len(self.previous)
 
-    def credit(self, user: str, seconds: float, now: float) -> None:
+    def __contains__(self, user: object) -> bool:
+        return user in self.current or user in self.previous
+
+    def credit(self, user: str, seconds: float, now: float, group: str = "") -> None:
         current = self.current
         if len(current) >= self.half:
             self.previous = current
             self.current = current = {}
             self.rotated_at = now
-        current[user] = (seconds, now)
+        current[user] = (seconds, now, group)
 
-    def claim(self, user: str) -> tuple[float, float] | None:
-        """The user came back with its cookie: its first request (seconds, when), handed over and forgotten."""
+    def group_of(self, user: str) -> str:
+        """The group a newcomer's first request went to ("" when the id is not waiting)."""
+        first = self.current.get(user)
+        if first is None:
+            first = self.previous.get(user)
+        return first[2] if first is not None else ""
+
+    def claim(self, user: str) -> tuple[float, float, str] | None:
+        """The user came back with its cookie: its first request (seconds, when, group), handed over and
+        forgotten here."""
         first = self.current.pop(user, None)
         if first is None:
             first = self.previous.pop(user, None)
         return first
 
-    def snapshot(self) -> dict[str, tuple[float, float]]:
+    def snapshot(self) -> dict[str, tuple[float, float, str]]:
         """Every id waiting, with its first request (a copy, for the population)."""
         return {**self.previous, **self.current}
 
@@ -143,6 +155,6 @@ class Newcomers:
         newer one that is (it holds at most ``capacity / 2``, and this runs at the front's expiry tick)."""
         if self.previous and self.rotated_at < horizon:
             self.previous = {}
-        stale = [user for user, (_, at) in self.current.items() if at < horizon]
+        stale = [user for user, (_, at, _) in self.current.items() if at < horizon]
         for user in stale:
             del self.current[user]

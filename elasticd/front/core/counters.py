@@ -89,13 +89,16 @@ class RouteStats:
 
 
 class ForwardCounters:
-    __slots__ = ("_next_id", "open", "rejections", "routes", "workers")
+    __slots__ = ("_next_id", "open", "rejections", "routes", "routing", "workers")
 
     def __init__(self) -> None:
         self.workers: dict[str, WorkerCounters] = {}
         self.open: dict[int, OpenRequest] = {}
         self.routes: dict[tuple[str, str], RouteStats] = {}
         self.rejections: dict[tuple[str, str], int] = {}  # (tenant, reason) → count
+        # (tenant, app, group, reason) → count: each new user's group and why, and each request of a user kept
+        # on a group new users no longer go to (groups.py's reasons)
+        self.routing: dict[tuple[str, str, str, str], int] = {}
         self._next_id = 0
 
     # ------------------------------------------------------------------ the forward path
@@ -132,6 +135,10 @@ class ForwardCounters:
         stats.buckets[bucket(seconds)] += 1
         stats.count += 1
         stats.sum += seconds
+
+    def routed(self, tenant: str, app: str, group: str, reason: str) -> None:
+        key = (tenant, app, group, reason)
+        self.routing[key] = self.routing.get(key, 0) + 1
 
     def refused(self, tenant: str, reason: str) -> None:
         key = (tenant, reason)
@@ -178,6 +185,8 @@ class ForwardCounters:
         """After a reload: drop the stats of apps no longer routed (their series end)."""
         for key in [k for k in self.routes if k not in keys]:
             del self.routes[key]
+        for routing in [k for k in self.routing if (k[0], k[1]) not in keys]:
+            del self.routing[routing]
 
     def retain_tenants(self, tenants: set[str]) -> None:
         for key in [k for k in self.rejections if k[0] not in tenants]:

@@ -1,8 +1,10 @@
-"""Where a request goes, decided with no I/O: route → (a user being moved: hold) → quota → sticky lookup →
-placement, giving a ``Forward`` (the worker, the user, its surface entry, a Set-Cookie line for a new user), a
-``Hold`` (the user is being moved: the request waits in the front until the move ends) or a ``Refuse``
-(status, text, Retry-After). Time is passed in. It changes only the core's own books: the quota's gate and
-bucket (an admitted request is counted in flight), the surface (a new or re-placed user), the refusal counts.
+"""Where a request goes, decided with no I/O: route → (a user being moved: hold) → quota → sticky lookup → the
+user's group (``groups``) → placement, giving a ``Forward`` (the worker, the user, its surface entry, a
+Set-Cookie line for a new user, the group), a ``Hold`` (the user is being moved: the request waits in the front
+until the move ends), a ``Wake`` (the group is at zero workers and one is starting: the request waits for it)
+or a ``Refuse`` (status, text, Retry-After). Time is passed in. It changes only the core's own books: the quota's
+gate and bucket (an admitted request is counted in flight), the surface (a new or re-placed user), the refusal
+and routing counts.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple, TypeVar
 
 from elasticd.front.core.counters import ForwardCounters, RouteStats
+from elasticd.front.core.groups import STICKY, choose_group
 from elasticd.front.core.http1 import RequestHead
 from elasticd.front.core.quota import CONCURRENCY, TenantQuota
 from elasticd.front.core.routing import AppRoute
@@ -24,7 +27,7 @@ from elasticd.front.core.sticky import (
     user_from_cookie,
 )
 
-__all__ = ["Forward", "Hold", "Refuse", "Target", "decide"]
+__all__ = ["Forward", "Hold", "Refuse", "Target", "Wake", "WorkersOf", "decide"]
 
 
 class Target:
@@ -40,10 +43,13 @@ class Target:
 
 
 # (worker, user, its surface entry — None for a new user, put on the surface by its cookie later —, the
-# Set-Cookie line for a new user else b"", the quota admitted into — one in flight until the exchange settles).
-# A plain tuple: this is made for every request, and a NamedTuple's __new__ is a Python call (~0.2 µs).
+# Set-Cookie line for a new user else b"", the quota admitted into — one in flight until the exchange settles —,
+# the group). A plain tuple: this is made for every request, and a NamedTuple's __new__ is a Python call.
 W = TypeVar("W", bound=RoutableWorker)
-Forward = tuple[W, str, SurfaceUser | None, bytes, TenantQuota | None]
+Forward = tuple[W, str, SurfaceUser | None, bytes, TenantQuota | None, str]
+
+# (tenant, app, group) → the group's routable workers, the reception first (the front's WorkersFn)
+WorkersOf = Callable[[str, str, str], Sequence[W]]
 
 
 class Refuse(NamedTuple):
@@ -59,21 +65,30 @@ class Hold(NamedTuple):
     user: str
 
 
-def decide(target: Target | None, head: RequestHead, now: float, workers: Sequence[W], unroutable: Collection[str],
-           surface: Surface, place: PlaceFn, forwards: ForwardCounters,
-           kept: Callable[[str], W | None] | None = None) -> Forward[W] | Hold | Refuse:
-    """``workers``: the group's routable workers (reception first); ``unroutable``: those the front found
-    dead since; ``kept``: a worker being emptied (not in ``workers``: it takes no one new) by its id, while it
-    still serves the users pinned to it. A refusal after admission gives its quota slot back."""
+class Wake(NamedTuple):
+    """The request's group has no worker (scaled to zero) and one is starting for it: hold the request until
+    that worker is routable (then decide again), at most ``request_timeout``. Its quota slot was given back."""
+
+    key: tuple[str, str, str]
+
+
+def decide(target: Target | None, head: RequestHead, now: float, workers_of: WorkersOf[W],
+           unroutable: Collection[str], surface: Surface, place: PlaceFn, forwards: ForwardCounters,
+           kept: Callable[[str], W | None] | None = None,
+           wake: Callable[[tuple[str, str, str]], bool] | None = None) -> Forward[W] | Hold | Refuse | Wake:
+    """``workers_of``: a group's routable workers (reception first); ``unroutable``: those the front found dead
+    since; ``kept``: a worker being emptied (not routable: it takes no one new) by its id, while it still
+    serves the users pinned to it; ``wake``: asked when the user's group has no worker (True: one is starting:
+    wait for it). A refusal after admission gives its quota slot back."""
     if target is None:
         host = head.host.decode("latin-1") if head.host is not None else "(none)"
         return Refuse(404, f"no app for host {host}", None)
-    if surface.moving and head.cookie is not None:
-        moving = user_from_cookie(head.cookie)
-        entry = surface.users.get(moving) if moving is not None else None
-        if entry is not None and entry.moving:
-            assert moving is not None
-            return Hold(moving)
+    cookie = head.cookie
+    user = user_from_cookie(cookie) if cookie is not None else None
+    entry = surface.users.get(user) if user is not None else None
+    if entry is not None and entry.moving:
+        assert user is not None
+        return Hold(user)
     route, stats, quota = target.route, target.stats, target.quota
     if quota is not None:
         refusal = quota.admit(now)
@@ -82,36 +97,58 @@ def decide(target: Target | None, head: RequestHead, now: float, workers: Sequen
             stats.answered(refusal.status)
             why = "too many requests at once" if refusal.reason == CONCURRENCY else "request rate over quota"
             return Refuse(refusal.status, f"{route}: {why}", refusal.retry_after)
+    fresh = user is None
+    if user is None:
+        user = new_user_id()
+    # The user's group: where the surface placed it (the common case: the default group, one comparison), else
+    # the canary's share or the default; a new placement and a user kept on an old group are counted.
+    if entry is not None:
+        placed = entry.group
+    elif not fresh and surface.newcomers:
+        placed = surface.newcomers.group_of(user)  # back with the cookie of its first request: it stays there
+    else:
+        placed = ""
+    if placed and placed == route.group:
+        group = placed
+    else:
+        group, reason = choose_group(route, user, placed)
+        if reason is STICKY or placed != group:
+            forwards.routed(route.tenant, route.app, group, reason)
+    workers = workers_of(route.tenant, route.app, group)
     if unroutable:
         workers = [w for w in workers if w.worker_id not in unroutable]
     if not workers:
+        if entry is not None and entry.pinned and kept is not None:
+            keeping = kept(entry.worker)
+            if keeping is not None and entry.worker not in unroutable:
+                entry.seen = now
+                return (keeping, user, entry, b"", quota, group)
         if quota is not None:
             quota.leave()
+        key = (route.tenant, route.app, group)
+        if wake is not None and wake(key):
+            return Wake(key)
         stats.answered(503)
         return Refuse(503, f"{route}: no worker available", 1)
-    cookie = head.cookie
-    user = user_from_cookie(cookie) if cookie is not None else None
-    if user is None:
-        user = new_user_id()
+    if fresh:
         chosen = place(None, surface, workers)
         first = workers[0]  # the reception, nearly always placement's choice for a new user: no search
         worker = first if chosen == first.worker_id else _placed(chosen, workers)
-        return (worker, user, None, set_cookie_line(user, head.secure), quota)
-    entry = surface.users.get(user)
+        return (worker, user, None, set_cookie_line(user, head.secure), quota, group)
     if entry is not None:
         wanted = entry.worker
         for candidate in workers:
             if candidate.worker_id == wanted:
                 entry.seen = now
-                return (candidate, user, entry, b"", quota)
+                return (candidate, user, entry, b"", quota, group)
         if entry.pinned and kept is not None and wanted not in unroutable:
             keeping = kept(wanted)  # its worker is being emptied: it waits its turn to be moved off, there
             if keeping is not None:
                 entry.seen = now
-                return (keeping, user, entry, b"", quota)
-    # New on the surface, or its worker went: (re-)placed.
+                return (keeping, user, entry, b"", quota, group)
+    # New on the surface, or its worker went: (re-)placed in its group.
     worker = _placed(place(user, surface, workers), workers)
-    return (worker, user, surface.assign(user, worker.worker_id, now), b"", quota)
+    return (worker, user, surface.assign(user, worker.worker_id, now, group), b"", quota, group)
 
 
 def _placed(chosen: str, workers: Sequence[W]) -> W:

@@ -58,9 +58,9 @@ class Link(Protocol):
 class Exchange:
     """One request and its answer. Also the open-requests entry (``user``, ``worker``, ``ts``)."""
 
-    __slots__ = ("body", "body_done", "conn", "cookie_line", "counters", "entry", "error", "head", "http11",
-                 "login", "method", "phase", "quota", "retried", "rid", "route", "sent", "stats", "status", "ts",
-                 "url", "user", "worker")
+    __slots__ = ("body", "body_done", "conn", "cookie_line", "counters", "entry", "error", "group", "head",
+                 "http11", "login", "method", "phase", "quota", "retried", "rid", "route", "sent", "stats", "status",
+                 "ts", "url", "user", "worker")
 
     def __init__(self) -> None:
         self.phase: Phase = PHASE_QUEUED
@@ -81,6 +81,7 @@ class Exchange:
         self.entry: SurfaceUser | None = None
         self.user: str | None = None
         self.worker: str | None = None
+        self.group = ""  # the app's group it was routed to
         self.cookie_line = b""
         self.login: bytes | None = None
         self.retried = False
@@ -115,7 +116,7 @@ class Exchange:
                 if entered is not None:
                     entered.add(seconds, now)
                 else:
-                    surface.newcomers.credit(self.user, seconds, now)
+                    surface.newcomers.credit(self.user, seconds, now, self.group)
         quota = self.quota
         if quota is not None:
             if quota.gate.in_flight > 0:  # quota.leave(), inlined

@@ -17,12 +17,20 @@ __all__ = ["AppRoute", "RouteTable", "normalize_host"]
 
 @dataclass(frozen=True, slots=True)
 class AppRoute:
+    """An app, as the front routes to it: ``group`` is its default group (new users go there), ``canary`` the
+    group a ``canary_share`` of new users go to instead, ``groups`` every group it has (a user placed in one of
+    them stays there: ``groups.choose_group``)."""
+
     tenant: str
     app: str
     group: str
+    canary: str | None = None
+    canary_share: float = 0.0
+    groups: frozenset[str] = frozenset()
 
     @property
     def key(self) -> tuple[str, str, str]:
+        """The default group's key."""
         return (self.tenant, self.app, self.group)
 
     def __str__(self) -> str:
@@ -77,7 +85,9 @@ class RouteTable:
     def from_config(cls, config: Config) -> RouteTable:
         # The config already refuses a domain routed to two apps, so a plain dict loses nothing.
         routes = {
-            domain: AppRoute(tenant.name, app.name, app.default_group)
+            domain: AppRoute(tenant.name, app.name, app.default_group,
+                             app.canary.group if app.canary is not None else None,
+                             app.canary.share if app.canary is not None else 0.0, frozenset(app.groups))
             for tenant, app in config.apps()
             for domain in app.domains
         }

@@ -108,17 +108,21 @@ class SurfaceUser(Consumption):
     worker is being emptied and it waits its turn to be moved off: it is served there meanwhile, though that
     worker takes no one new."""
 
-    __slots__ = ("login", "moving", "pinned", "seen", "worker")
+    __slots__ = ("group", "login", "moving", "pinned", "seen", "worker")
 
-    def __init__(self, worker: str, seen: float, first: tuple[float, float] | None = None) -> None:
+    def __init__(self, worker: str, seen: float, first: tuple[float, float, str] | None = None,
+                 group: str = "") -> None:
         super().__init__()
         self.worker = worker
+        self.group = group  # the app's group it was placed in ("": none yet): it stays there (groups.py)
         self.login: str | None = None
         self.seen = seen
         self.moving = False
         self.pinned = False
-        if first is not None:  # its first request (seconds, when), made before it had a cookie (a newcomer's)
-            self.add(*first)
+        if first is not None:  # its first request (seconds, when, group), made before it had a cookie
+            self.add(first[0], first[1])
+            if not group:
+                self.group = first[2]
 
     def __repr__(self) -> str:
         return (f"SurfaceUser(worker={self.worker!r}, login={self.login!r}, seen={self.seen}, "
@@ -146,15 +150,18 @@ class Surface:
     def get(self, user: str) -> SurfaceUser | None:
         return self.users.get(user)
 
-    def assign(self, user: str, worker: str, now: float) -> SurfaceUser:
-        """Point ``user`` at ``worker`` (placing a new user, re-placing one whose worker went, a move)."""
+    def assign(self, user: str, worker: str, now: float, group: str | None = None) -> SurfaceUser:
+        """Point ``user`` at ``worker`` (placing a new user, re-placing one whose worker went, a move), in
+        ``group`` when given (a move stays within its group)."""
         entry = self.users.get(user)
         if entry is None:
-            entry = self.users[user] = SurfaceUser(worker, now, self.newcomers.claim(user))
+            entry = self.users[user] = SurfaceUser(worker, now, self.newcomers.claim(user), group or "")
         else:
             entry.worker = worker
             entry.seen = now
             entry.pinned = False
+            if group is not None:
+                entry.group = group
         return entry
 
     def pin(self, user: str, pinned: bool = True) -> None:
@@ -163,12 +170,16 @@ class Surface:
         if entry is not None:
             entry.pinned = pinned
 
-    def login(self, user: str, name: str | None, worker: str, now: float) -> SurfaceUser:
-        """A worker said ``X-Elastic-Login: name`` (None for ``-``, logged out) answering ``user``."""
+    def login(self, user: str, name: str | None, worker: str, now: float, group: str = "") -> SurfaceUser:
+        """A worker (of ``group``) said ``X-Elastic-Login: name`` (None for ``-``, logged out) answering ``user``.
+        A user who logs out is chosen a group again at its next request: after a blue/green switch, that is
+        where it leaves the old group (its worker is kept when the choice is the same group)."""
         entry = self.users.get(user)
         if entry is None:
-            entry = self.users[user] = SurfaceUser(worker, now, self.newcomers.claim(user))
+            entry = self.users[user] = SurfaceUser(worker, now, self.newcomers.claim(user), group)
         entry.login = name
+        if name is None:
+            entry.group = ""
         return entry
 
     def release(self, worker: str) -> int:
@@ -213,6 +224,13 @@ class Surface:
         for user in gone:
             del self.users[user]
         return gone
+
+    def count_by_worker(self) -> dict[str, int]:
+        """How many users each worker holds (one pass over the surface)."""
+        counts: dict[str, int] = {}
+        for entry in list(self.users.values()):
+            counts[entry.worker] = counts.get(entry.worker, 0) + 1
+        return counts
 
     def on(self, worker: str) -> Iterator[tuple[str, SurfaceUser]]:
         """The users a worker holds."""
