@@ -373,7 +373,7 @@ class Daemon:
 
     def status(self) -> dict[str, Any]:
         workers = self.supervisor.status()
-        users = self.front.surface.count_by_worker()
+        users = self.front.surface.count_by_group()
         tenants: dict[str, Any] = {}
         for tenant in self.config.tenants.values():
             apps: dict[str, Any] = {}
@@ -384,8 +384,7 @@ class Daemon:
                     "leaf": self.cgroups.leaf(tenant.name, app.name),
                     "default_group": app.default_group,
                     "groups": {g: {"workers": workers.get((tenant.name, app.name, g), []),
-                                   "users": sum(users.get(w.id, 0)
-                                                for w in self.supervisor.workers_of((tenant.name, app.name, g))),
+                                   "users": users.get((f"{tenant.name}/{app.name}", g), 0),
                                    "active": g in app.active_groups}
                                for g in app.groups},
                     "canary": None if app.canary is None else {"group": app.canary.group,

@@ -56,10 +56,10 @@ def test_normalize_host(header: str | None, host: str | None) -> None:
 
 def test_from_config_maps_every_domain_to_the_default_group() -> None:
     table = RouteTable.from_config(parse_config(CONFIG))
-    shop = AppRoute("acme", "shop", "green", groups=frozenset({"blue", "green"}))
+    shop = AppRoute("acme", "shop", "green", groups=frozenset({"blue", "green"}), label="acme/shop")
     assert table.lookup("shop.localhost:8080") == shop
     assert table.lookup("shop.example.com.") == shop
-    blog = AppRoute("globex", "blog", "blue", groups=frozenset({"blue"}))
+    blog = AppRoute("globex", "blog", "blue", groups=frozenset({"blue"}), label="globex/blog")
     assert table.lookup("www.blog.localhost") == blog  # first group by default
     assert table.lookup("unknown.localhost") is None
     assert len(table) == 4

@@ -59,7 +59,9 @@ def test_a_share_is_a_stable_hash_that_lands_near_its_share():
     users = [os.urandom(16).hex() for _ in range(20_000)]
     canaries = sum(1 for u in users if choose_group(_route(0.1), u)[0] == "blue")
     assert 1_800 < canaries < 2_200  # 10 % of 20,000 ± 5 sigma
-    assert all(choose_group(_route(0.1), u) == choose_group(_route(0.1), u) for u in users[:100])
+    # stable: a user's place in [0, 1) is its id's, so a larger share keeps every user the smaller one had
+    small = {u for u in users if choose_group(_route(0.05), u)[0] == "blue"}
+    assert small and small <= {u for u in users if choose_group(_route(0.1), u)[0] == "blue"}
 
 
 # ---------------------------------------------------------------------- the config
@@ -194,3 +196,34 @@ def test_cold_starts_are_counted_in_a_histogram():
         cold.observe(seconds)
     assert (cold.count, cold.last, cold.sum) == (3, 7.0, pytest.approx(7.7))
     assert cold.buckets[COLD_BOUNDS.index(0.5)] == 2 and cold.buckets[COLD_BOUNDS.index(10.0)] == 1
+
+
+def test_a_user_who_logs_out_and_in_again_is_placed_in_its_new_group_for_good():
+    """After a logout the user's group is chosen again; once chosen it is recorded, so a later switch keeps it."""
+    surface, forwards = Surface(60.0), ForwardCounters()
+    workers = {"green": [_W("acme.shop.green.1")], "blue": [_W("acme.shop.blue.1")]}
+    by_group = lambda tenant, app, group: workers[group]  # noqa: E731
+    green = Target(AppRoute("acme", "shop", "green", None, 0.0, frozenset(workers), "acme/shop"), RouteStats(), None)
+    decide(green, _head(MID), 1.0, by_group, (), surface, place, forwards)
+    surface.login(MID, "alice", "acme.shop.green.1", 1.0, "green", "acme/shop")
+    surface.login(MID, None, "acme.shop.green.1", 2.0, "green", "acme/shop")  # logged out
+    assert surface.users[MID].group == ""
+    again = decide(green, _head(MID), 3.0, by_group, (), surface, place, forwards)
+    assert again[0].worker_id == "acme.shop.green.1" and surface.users[MID].group == "green"  # recorded again
+    surface.login(MID, "alice", "acme.shop.green.1", 3.0, "green", "acme/shop")
+    blue = Target(AppRoute("acme", "shop", "blue", None, 0.0, frozenset(workers), "acme/shop"), RouteStats(), None)
+    kept = decide(blue, _head(MID), 4.0, by_group, (), surface, place, forwards)
+    assert kept[0].worker_id == "acme.shop.green.1"  # a switch afterwards keeps it where it is
+    assert surface.count_by_group() == {("acme/shop", "green"): 1}
+    assert forwards.routing == {("acme", "shop", "green", DEFAULT): 2, ("acme", "shop", "green", STICKY): 1}
+
+
+def test_a_request_that_waits_for_a_cold_start_is_counted_once_when_it_goes():
+    surface, forwards = Surface(60.0), ForwardCounters()
+    target = Target(_route(0.0), RouteStats(), None)
+    workers: list[_W] = []
+    decide(target, _head(MID), 1.0, lambda *key: workers, (), surface, place, forwards, None, lambda key: True)
+    assert forwards.routing == {}  # waiting: not routed yet
+    workers.append(_W("acme.shop.green.1"))
+    decide(target, _head(MID), 2.0, lambda *key: workers, (), surface, place, forwards, None, lambda key: True)
+    assert forwards.routing == {("acme", "shop", "green", DEFAULT): 1}

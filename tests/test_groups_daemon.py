@@ -5,6 +5,7 @@ and goes back to zero when idle."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.request
 
@@ -193,3 +194,57 @@ def test_a_cold_start_that_fails_answers_503_with_retry_after(daemons, tmp_path)
     took = time.monotonic() - started
     assert status == 503 and "group lazy" in body and took < 5.0, (status, body, took)
     assert headers.get("Retry-After") == "5"
+
+
+SILENT = """\
+tenants:
+  acme:
+    apps:
+      shop:
+        domains: [shop.localhost]
+        root: {root}
+        groups:
+          lazy:
+            command: ["sleep", "60"]
+            pool: {{min_workers: 0, max_workers: 1}}
+"""
+
+
+def test_a_cold_start_that_never_comes_up_is_answered_503_at_the_request_timeout(daemons, tmp_path):
+    """A worker that runs but never listens: the waiting request gets its 503 + Retry-After at request_timeout,
+    not a connection closed without an answer."""
+    d = daemons(SILENT.format(root=tmp_path), extra_server=SERVER.replace("hung_after: 3s", "hung_after: 30s")
+                + "  request_timeout: 2s\n")
+    d.start()
+    started = time.monotonic()
+    status, body, headers = d.get("shop.localhost", "/")
+    took = time.monotonic() - started
+    assert status == 503 and "no worker came up within 2s" in body, (status, body)
+    assert headers.get("Retry-After") == "5" and 1.5 < took < 6.0, took
+
+
+def test_new_users_during_a_blue_green_switch_wait_for_the_new_group_rather_than_fail(daemons, tmp_path):
+    """The new default starts from zero at the switch (it was neither default nor canary): requests of new users
+    meanwhile wait for it (or are served by green before the switch), never a 503; one worker, not two."""
+    config = SWITCH.replace("pool: {{min_workers: 1, max_workers: 2}}\n          blue",
+                            "pool: {{min_workers: 1, max_workers: 2}}\n          blue") \
+        .replace("env: {{DEMO_GREETING: blue}}\n            pool: {{min_workers: 1, max_workers: 2}}",
+                 "env: {{DEMO_GREETING: blue}}\n            pool: {{min_workers: 1, max_workers: 1}}")
+    d = daemons(config.format(root=tmp_path, default="green"), extra_server=SERVER)
+    d.start()
+    _wait_status(d, lambda g: _running(g, "green") == 1, "green running")
+    d.write_config(config.format(root=tmp_path, default="blue"))
+    reload = threading.Thread(target=d.ctl, args=("reload",))
+    answers = []
+    reload.start()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        status, body, _ = browse(d, "/")
+        answers.append((status, body.split("\n")[0]))
+        if body.startswith("blue\n") and not reload.is_alive():
+            break
+    reload.join(30)
+    assert all(status == 200 for status, _ in answers), answers
+    assert answers[-1][1] == "blue"
+    groups = _wait_status(d, lambda g: _running(g, "blue") == 1, "blue running")
+    assert len(groups["blue"]["workers"]) == 1  # the switch's own start and a cold start did not both happen

@@ -34,6 +34,9 @@ class Supervisor:
     def held(self, key):
         return len(self.workers) + self.elsewhere
 
+    def launching(self, key):
+        return False
+
     def add_worker(self, key):
         worker = Worker(len(self.workers) + len(self.retired) + 1)
         worker.routable = False
@@ -82,6 +85,13 @@ class Surface:
 
     def on(self, worker):
         return [(u, rec) for u, rec in self.users.items() if rec.worker == worker]
+
+    def count_by_group(self):
+        counts: dict[tuple[str, str], int] = {}
+        for rec in self.users.values():
+            key = ("acme/shop", rec.worker.split(".")[2] if rec.worker else "")
+            counts[key] = counts.get(key, 0) + 1
+        return counts
 
     def count_by_worker(self):
         counts: dict[str, int] = {}

@@ -110,7 +110,8 @@ class Front:
     # ------------------------------------------------------------------ configuration (reload)
 
     def set_routes(self, routes: RouteTable) -> None:
-        """Swap the table; requests already routed finish where they are."""
+        """Swap the table; requests already routed finish where they are (those waiting for a group at zero that
+        the new table no longer has are decided again at the next tick: ``_tick_waking``)."""
         self._routes = routes
         self._targets.clear()
         self.forwards.retain_routes({(r.tenant, r.app) for r in routes.routes()})
@@ -212,12 +213,34 @@ class Front:
         if pool is not None:
             pool.close()
 
+    def _tick_waking(self, now: float) -> None:
+        """Requests waiting for a group at zero: dispatched once the group has a routable worker (the state
+        change that made it so may not have named them: a worker that joined its group after a reload's
+        launch); answered 503 once they waited ``request_timeout``."""
+        waiting = self.waking.users()
+        if not waiting:
+            return
+        routed = {(r.tenant, r.app, g) for r in self._routes.routes() for g in (r.groups or {r.group})}
+        for name in waiting:
+            tenant, app, group = name.split("/")
+            key = (tenant, app, group)
+            if key not in routed:  # a reload removed the group: decided again under the table in force
+                self._dispatch_held(self.waking.release(name), name)
+            elif any(w.worker_id not in self.unroutable for w in self._workers(tenant, app, group)):
+                self.woke(key)
+        for name in self.waking.overdue(now, self.request_timeout):
+            tenant, app, group = name.split("/")
+            log.warning("front: group %s did not get a routable worker within the request timeout (%gs): "
+                        "its waiting requests are answered 503", name, self.request_timeout)
+            self.wake_failed((tenant, app, group), f"no worker came up within {self.request_timeout:g}s")
+
     def _tick_interval(self) -> float:
         return max(0.01, min(1.0, self.request_timeout / 4, self.keepalive_timeout / 4))
 
     def _tick(self) -> None:
         try:
             now = self.clock()
+            self._tick_waking(now)  # (first: a held request is answered before its connection's idle limit)
             for conn in list(self.conns):
                 limit = conn.relay.idle_limit(self.keepalive_timeout, self.request_timeout, self.tunnel_timeout)
                 if now - conn.active_at > limit:
@@ -230,11 +253,7 @@ class Front:
                 log.warning("front: requests of %s held past the move timeout (%gs): released", user,
                             self.move_timeout)
                 self.release(user)
-            for name in self.waking.overdue(now, self.request_timeout):
-                tenant, app, group = name.split("/")
-                log.warning("front: group %s did not get a routable worker within the request timeout (%gs): "
-                            "its waiting requests are answered 503", name, self.request_timeout)
-                self.wake_failed((tenant, app, group), f"no worker came up within {self.request_timeout:g}s")
+
             if now >= self._next_expiry:
                 self.surface.expire(now)
                 for request in self.forwards.sweep(now - self.stale_after):
@@ -431,7 +450,7 @@ class Front:
             name = None if login == b"-" else login.decode("utf-8", "replace")
             before = self.surface.users.get(ex.user)
             placed = before is not None and before.login is not None  # logged in already: placed once
-            self.surface.login(ex.user, name, ex.worker, now, ex.group)
+            self.surface.login(ex.user, name, ex.worker, now, ex.group, ex.route.label if ex.route else "")
             if name is not None and self.on_login is not None and ex.route is not None:
                 self._placed_at_login(ex.route, ex.group or ex.route.group, ex.user, ex.worker, placed, now)
 

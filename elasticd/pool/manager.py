@@ -245,22 +245,23 @@ class PoolManager:
         entry = self._groups.get(key)
         if entry is None:
             return False
-        workers = self._supervisor.workers_of(key)
+        now = self._clock()
+        entry.last_active = now  # a request came for it: not idle (it may be going to zero just now)
+        # The workers staying: one an idle retire is stopping serves no one any more (nor counts against the cap).
+        workers = [w for w in self._supervisor.workers_of(key) if w.id not in entry.draining]
         if any(w.routable for w in workers):
-            return False
-        if any(w.state in ("new", "starting", "backoff") for w in workers):
-            return True  # a start in flight (this cold start's, or a restart): wait for it
+            return False  # routable ones the front found dead: a 503, as ever
+        if any(w.state in ("new", "starting", "backoff") for w in workers) or self._supervisor.launching(key):
+            return True  # a start in flight (this cold start's, a restart, a reload's launch): wait for it
         if any(w.state == "failed" for w in workers):
             return False
-        if entry.pool.max_workers is not None and self._supervisor.held(key) >= entry.pool.max_workers:
+        if entry.pool.max_workers is not None and len(workers) >= entry.pool.max_workers:
             return False
         worker = self._supervisor.add_worker(key)
         if worker is None:
             return False
-        now = self._clock()
         entry.spawning.add(worker.id)
         entry.cold[worker.id] = now
-        entry.last_active = now
         self._record(entry, PoolDecision("scale-up", worker.id, "cold start: a request for a group at zero "
                                          "workers (it waits in the front for this one)", {"workers": 0}))
         log.info("pool %s: cold start of %s for a waiting request", "/".join(key), worker.id)
@@ -312,6 +313,7 @@ class PoolManager:
         self._last_report.pop(worker_id, None)
         self._progress.pop(worker_id, None)
         for entry in self._groups.values():
+            entry.cold.pop(worker_id, None)  # (a cold start that failed: not starting any more)
             entry.windows.pop(worker_id, None)
             entry.occupancy.pop(worker_id, None)
             entry.rss.pop(worker_id, None)
@@ -384,7 +386,10 @@ class PoolManager:
         if any(len(entry.windows[v.id].rows) < SMOOTHING_ROWS if v.id in entry.windows else True for v in views):
             return
         loads_by_worker = self._user_loads(entry, views)
-        plan = plan_compaction(views, loads_by_worker, entry.pool, self._tunnels())
+        # (the group's floor: an old group of a blue/green switch compacts below its min_workers as users leave)
+        pool = entry.pool if entry.floor == entry.pool.min_workers else dataclasses.replace(entry.pool,
+                                                                                              min_workers=entry.floor)
+        plan = plan_compaction(views, loads_by_worker, pool, self._tunnels())
         if plan is None:
             return
         self._record(entry, plan.decision)
@@ -558,9 +563,9 @@ class PoolManager:
         open_requests = self._forwards.open_by_worker()
         oldest = self._forwards.oldest_open_by_worker()
         tunnels = self._tunnels()
-        users = self._surface.count_by_worker()
+        users = self._surface.count_by_group()
         for key, entry in list(self._groups.items()):
-            self._check_idle(key, entry, now, open_requests, tunnels, users)
+            self._check_idle(key, entry, now, open_requests, tunnels, users.get((f"{key[0]}/{key[1]}", key[2]), 0))
         for key, entry in self._groups.items():
             for worker in self._supervisor.workers_of(key):
                 if not worker.routable or worker.pid is None or worker.id in entry.draining:
@@ -584,16 +589,16 @@ class PoolManager:
                 self._check_liveness(key, entry, worker, now, cpu, announced, open_requests, oldest)
 
     def _check_idle(self, key: GroupKey, entry: _Group, now: float, open_requests: Mapping[str, int],
-                    tunnels: Mapping[str, int], users_by_worker: Mapping[str, int]) -> None:
+                    tunnels: Mapping[str, int], users: int) -> None:
+        """``users``: those the surface has in the group (on its workers, or placed again at their next request)."""
         workers = self._supervisor.workers_of(key)
         requests = sum(self._forwards.worker(w.id).requests for w in workers)
         open_here = sum(open_requests.get(w.id, 0) + tunnels.get(w.id, 0) for w in workers)
         if requests != entry.last_requests or open_here:
             entry.last_requests = requests
             entry.last_active = now
-        if entry.floor or not workers or entry.draining or entry.spawning:
-            return
-        users = sum(users_by_worker.get(w.id, 0) for w in workers)
+        if entry.floor or not workers or entry.draining or entry.spawning or not all(w.routable for w in workers):
+            return  # (a worker starting or restarting: requests may be waiting for it in the front)
         why = idle_stop(now=now, floor=entry.floor, active=entry.active, workers=len(workers), users=users,
                         open_requests=open_here, last_active=entry.last_active,
                         idle_timeout=entry.pool.idle_timeout)

@@ -112,6 +112,13 @@ class Supervisor:
         draining, being replaced; not failed, not stopped), in any list: what max_workers caps."""
         return sum(1 for w in self._alive.values() if (w.tenant, w.app, w.group) == key and w.state != "failed")
 
+    def launching(self, key: GroupKey) -> bool:
+        """Whether a worker is being started for the group outside its list (a start or reload launching it:
+        it joins the list once routable, or at the launch's end): a start in flight all the same."""
+        listed = {w.id for w in self.workers_of(key)}
+        return any((w.tenant, w.app, w.group) == key and w.id not in listed
+                   and w.state in ("new", "starting", "backoff", "running") for w in self._alive.values())
+
     def holds_app(self, tenant: str, app: str) -> bool:
         """Whether any worker of this app is alive (its leaf must not be killed or removed meanwhile)."""
         return any((w.tenant, w.app) == (tenant, app) for w in self._alive.values())

@@ -37,6 +37,7 @@ from elasticd.front.core.relay import (
     FAILURE_RETRY,
     PHASE_DONE,
     PHASE_FORWARDING,
+    PHASE_HELD,
     PHASE_QUEUED,
     TIMEOUT_CLOSE,
     CloseMode,
@@ -53,6 +54,9 @@ __all__ = ["CLOSE", "CONTINUE", "CROWDED", "DISPATCH", "FAIL", "MAX_PENDING", "M
            "ClientRelay"]
 
 MAX_QUEUE: Final = 16  # pipelined requests read ahead of the one being served
+# A held request (a live move, a cold start) is answered by the front's own deadline for it; the connection's
+# idle limit stays this much behind, so the hold's answer (a 503 with Retry-After) is sent, not a silent close.
+HELD_MARGIN: Final = 5.0
 MAX_PENDING: Final = 256 << 10  # request body bytes buffered before reading from the client pauses
 
 # ``receive``'s effects (a bitmask; 0: nothing to do).
@@ -429,7 +433,10 @@ class ClientRelay:
         """How long this connection may go without a byte moving either way."""
         if self.tunnel is not None:
             return tunnel
-        return keepalive if self.idle else request
+        if self.idle:
+            return keepalive
+        queue = self.queue
+        return request + HELD_MARGIN if queue and queue[0].phase is PHASE_HELD else request
 
     def timeout(self) -> tuple[Timeout, Exchange | None, Link | None]:
         """No byte moved for ``idle_limit``: CLOSE (idle, or a head that never completed), GATEWAY_TIMEOUT (the

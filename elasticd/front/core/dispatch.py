@@ -101,19 +101,21 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
     if user is None:
         user = new_user_id()
     # The user's group: where the surface placed it (the common case: the default group, one comparison), else
-    # the canary's share or the default; a new placement and a user kept on an old group are counted.
+    # the canary's share or the default; a new placement and a user kept on an old group are counted (once the
+    # request is forwarded: a request that waits for a cold start is decided, and counted, when it goes).
     if entry is not None:
         placed = entry.group
     elif not fresh and surface.newcomers:
         placed = surface.newcomers.group_of(user)  # back with the cookie of its first request: it stays there
     else:
         placed = ""
+    counted = ""
     if placed and placed == route.group:
         group = placed
     else:
         group, reason = choose_group(route, user, placed)
         if reason is STICKY or placed != group:
-            forwards.routed(route.tenant, route.app, group, reason)
+            counted = reason
     workers = workers_of(route.tenant, route.app, group)
     if unroutable:
         workers = [w for w in workers if w.worker_id not in unroutable]
@@ -122,7 +124,7 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
             keeping = kept(entry.worker)
             if keeping is not None and entry.worker not in unroutable:
                 entry.seen = now
-                return (keeping, user, entry, b"", quota, group)
+                return (keeping, user, entry, b"", quota, entry.group or group)
         if quota is not None:
             quota.leave()
         key = (route.tenant, route.app, group)
@@ -130,12 +132,17 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
             return Wake(key)
         stats.answered(503)
         return Refuse(503, f"{route}: no worker available", 1)
+    if counted:
+        forwards.routed(route.tenant, route.app, group, counted)
     if fresh:
         chosen = place(None, surface, workers)
         first = workers[0]  # the reception, nearly always placement's choice for a new user: no search
         worker = first if chosen == first.worker_id else _placed(chosen, workers)
         return (worker, user, None, set_cookie_line(user, head.secure), quota, group)
     if entry is not None:
+        if entry.group != group:
+            entry.group = group  # chosen again (after a logout, or its group went): it stays there from now on
+            entry.app = route.label
         wanted = entry.worker
         for candidate in workers:
             if candidate.worker_id == wanted:
@@ -148,7 +155,7 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
                 return (keeping, user, entry, b"", quota, group)
     # New on the surface, or its worker went: (re-)placed in its group.
     worker = _placed(place(user, surface, workers), workers)
-    return (worker, user, surface.assign(user, worker.worker_id, now, group), b"", quota, group)
+    return (worker, user, surface.assign(user, worker.worker_id, now, group, route.label), b"", quota, group)
 
 
 def _placed(chosen: str, workers: Sequence[W]) -> W:

@@ -27,6 +27,7 @@ class AppRoute:
     canary: str | None = None
     canary_share: float = 0.0
     groups: frozenset[str] = frozenset()
+    label: str = ""  # "tenant/app" (made once per table: a placement records it on the user's entry)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -87,7 +88,8 @@ class RouteTable:
         routes = {
             domain: AppRoute(tenant.name, app.name, app.default_group,
                              app.canary.group if app.canary is not None else None,
-                             app.canary.share if app.canary is not None else 0.0, frozenset(app.groups))
+                             app.canary.share if app.canary is not None else 0.0, frozenset(app.groups),
+                             f"{tenant.name}/{app.name}")
             for tenant, app in config.apps()
             for domain in app.domains
         }

@@ -108,13 +108,14 @@ class SurfaceUser(Consumption):
     worker is being emptied and it waits its turn to be moved off: it is served there meanwhile, though that
     worker takes no one new."""
 
-    __slots__ = ("group", "login", "moving", "pinned", "seen", "worker")
+    __slots__ = ("app", "group", "login", "moving", "pinned", "seen", "worker")
 
     def __init__(self, worker: str, seen: float, first: tuple[float, float, str] | None = None,
-                 group: str = "") -> None:
+                 group: str = "", app: str = "") -> None:
         super().__init__()
         self.worker = worker
         self.group = group  # the app's group it was placed in ("": none yet): it stays there (groups.py)
+        self.app = app  # "tenant/app" of that group (its route's label): users are counted per group with it
         self.login: str | None = None
         self.seen = seen
         self.moving = False
@@ -150,18 +151,19 @@ class Surface:
     def get(self, user: str) -> SurfaceUser | None:
         return self.users.get(user)
 
-    def assign(self, user: str, worker: str, now: float, group: str | None = None) -> SurfaceUser:
+    def assign(self, user: str, worker: str, now: float, group: str | None = None, app: str = "") -> SurfaceUser:
         """Point ``user`` at ``worker`` (placing a new user, re-placing one whose worker went, a move), in
-        ``group`` when given (a move stays within its group)."""
+        ``group`` of ``app`` when given (a move stays within its group)."""
         entry = self.users.get(user)
         if entry is None:
-            entry = self.users[user] = SurfaceUser(worker, now, self.newcomers.claim(user), group or "")
+            entry = self.users[user] = SurfaceUser(worker, now, self.newcomers.claim(user), group or "", app)
         else:
             entry.worker = worker
             entry.seen = now
             entry.pinned = False
             if group is not None:
                 entry.group = group
+                entry.app = app or entry.app
         return entry
 
     def pin(self, user: str, pinned: bool = True) -> None:
@@ -170,13 +172,14 @@ class Surface:
         if entry is not None:
             entry.pinned = pinned
 
-    def login(self, user: str, name: str | None, worker: str, now: float, group: str = "") -> SurfaceUser:
+    def login(self, user: str, name: str | None, worker: str, now: float, group: str = "",
+              app: str = "") -> SurfaceUser:
         """A worker (of ``group``) said ``X-Elastic-Login: name`` (None for ``-``, logged out) answering ``user``.
         A user who logs out is chosen a group again at its next request: after a blue/green switch, that is
         where it leaves the old group (its worker is kept when the choice is the same group)."""
         entry = self.users.get(user)
         if entry is None:
-            entry = self.users[user] = SurfaceUser(worker, now, self.newcomers.claim(user), group)
+            entry = self.users[user] = SurfaceUser(worker, now, self.newcomers.claim(user), group, app)
         entry.login = name
         if name is None:
             entry.group = ""
@@ -224,6 +227,15 @@ class Surface:
         for user in gone:
             del self.users[user]
         return gone
+
+    def count_by_group(self) -> dict[tuple[str, str], int]:
+        """How many users each group holds, by ("tenant/app", group): its users whose worker went too (they are
+        placed again in it at their next request)."""
+        counts: dict[tuple[str, str], int] = {}
+        for entry in list(self.users.values()):
+            key = (entry.app, entry.group)
+            counts[key] = counts.get(key, 0) + 1
+        return counts
 
     def count_by_worker(self) -> dict[str, int]:
         """How many users each worker holds (one pass over the surface)."""
