@@ -120,6 +120,16 @@ def main() -> int:
             reload_seconds = time.monotonic() - reload_started
             if reloaded.returncode != 0:
                 raise RuntimeError(f"reload failed: {reloaded.stderr}")
+            # The daemon's own part, as systemctl reload sees it: SIGHUP, then RELOADING=1 ... READY=1.
+            while True:  # (what the ctl reload said is read already)
+                notify.settimeout(0.2)
+                try:
+                    notify.recv(65536)
+                except TimeoutError:
+                    break
+            hup_started = time.monotonic()
+            os.kill(daemon.pid, signal.SIGHUP)
+            hup_seconds = wait_ready(notify, 60) - hup_started
             cpu_before = sum(proc.cpu_times()[:2])
             window_started = time.monotonic()
             tick = 0
@@ -139,7 +149,8 @@ def main() -> int:
             print(f"{apps} apps over {args.tenants} tenants, every group at min_workers 0 "
                   f"({len(targets)} cgroups sampled)")
             print(f"  READY=1 after        {ready:6.2f} s    (goal < 5 s)")
-            print(f"  a reload             {reload_seconds:6.2f} s    (goal < 1 s; elasticctl reload's round trip)")
+            print(f"  a reload             {hup_seconds:6.2f} s    (goal < 1 s; SIGHUP to READY=1, as systemctl reload "
+                  f"waits; elasticctl reload's round trip with its own start: {reload_seconds:.2f} s)")
             print(f"  RSS                  {rss / 2**20:6.1f} MB   (goal < 150 MB)")
             print(f"  CPU per cgroup, tick {cpu / ticks / len(targets) * 1e6:6.1f} µs   (goal < 30 µs; the daemon's "
                   f"whole CPU over {window:.0f} s: an upper bound)")

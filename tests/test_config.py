@@ -492,3 +492,38 @@ def test_move_timeout_defaults_to_10s_and_must_be_positive():
     with pytest.raises(ConfigError) as info:
         parse_config("server:\n  move_timeout: 0s\n")
     assert str(info.value) == 'server.move_timeout (line 2): "0s" must be longer than 0'
+
+
+def test_the_fast_loader_and_the_one_with_lines_give_the_same_config(tmp_path):
+    """A valid file is read by the safe (C) loader; a file with a problem again by the round-trip one, for its
+    lines. Both must build the same model from the same text."""
+    from elasticd.config.load import _parse_with_lines
+
+    example = Path(__file__).resolve().parent.parent / "etc" / "elastic.yaml.example"
+    root = tmp_path / "root"
+    root.mkdir(mode=0o755)
+    texts = [textwrap.dedent(f"""\
+        server: {{listen: 127.0.0.1:9000, user_ttl: 5m, monitor: {{user: ops, password_file: /etc/pw}}}}
+        tenants:
+          acme:
+            resources: {{cpu: 150%, memory: 1G, io_bandwidth: {{read: 5M}}}}
+            quotas: {{requests_per_second: 2.5}}
+            apps:
+              shop:
+                domains: [shop.localhost, "*.shop.test"]
+                root: {root}
+                default_group: green
+                canary: {{group: blue, share: 12.5%}}
+                groups:
+                  green: {{command: ["{{python}}", "-m", "x"], env: {{A: "1", B: "yes"}}, concurrency: 4}}
+                  blue: {{command: [x], pool: {{min_workers: 0, max_workers: null, idle_timeout: 90s}}}}
+        """)]
+    for source in texts:
+        assert parse_config(source) == _parse_with_lines(source, "<string>")
+    request_users = example.read_text()
+    try:
+        assert load_config(example) == _parse_with_lines(request_users, str(example))
+    except ConfigError as exc:  # the example's tenant users do not exist on this machine: the same error both ways
+        with pytest.raises(ConfigError) as again:
+            _parse_with_lines(request_users, str(example))
+        assert str(again.value) == str(exc)

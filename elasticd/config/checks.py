@@ -6,8 +6,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Mapping
-
-from ruamel.yaml.comments import CommentedMap
+from typing import Any
 
 from elasticd.config.model import Server, Tenant
 from elasticd.config.walk import Walk
@@ -15,13 +14,13 @@ from elasticd.config.walk import Walk
 __all__ = ["check_document", "root_refusal"]
 
 
-def check_document(walk: Walk, server: Server, tenants: Mapping[str, Tenant], top: CommentedMap) -> None:
+def check_document(walk: Walk, server: Server, tenants: Mapping[str, Tenant], top: dict[Any, Any]) -> None:
     _check_domains(walk, tenants, top)
     _check_socket_paths(walk, server, tenants, top)
     _check_roots(walk, tenants, top)
 
 
-def _check_domains(walk: Walk, tenants: Mapping[str, Tenant], root: CommentedMap) -> None:
+def _check_domains(walk: Walk, tenants: Mapping[str, Tenant], root: dict[Any, Any]) -> None:
     owner: dict[str, str] = {}
     for tenant in tenants.values():
         for app in tenant.apps.values():
@@ -41,7 +40,7 @@ _SUN_PATH_MAX = 107
 _WORKER_NUMBER_ROOM = 6
 
 
-def _check_socket_paths(walk: Walk, server: Server, tenants: Mapping[str, Tenant], root: CommentedMap) -> None:
+def _check_socket_paths(walk: Walk, server: Server, tenants: Mapping[str, Tenant], root: dict[Any, Any]) -> None:
     for tenant in tenants.values():
         for app in tenant.apps.values():
             for group in app.groups.values():
@@ -71,7 +70,7 @@ def root_refusal(root: str, st: os.stat_result, tenant: Tenant, others: Mapping[
     return None
 
 
-def _check_roots(walk: Walk, tenants: Mapping[str, Tenant], root: CommentedMap) -> None:
+def _check_roots(walk: Walk, tenants: Mapping[str, Tenant], root: dict[Any, Any]) -> None:
     """Each app's root as it is on disk now (a root that does not exist yet is the worker's concern: it runs
     in / with a warning)."""
     others = {t.run_as.uid: t.name for t in tenants.values() if t.run_as is not None and t.run_as.uid != 0}

@@ -8,8 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
-
 from elasticd.config.model import Address
 from elasticd.config.units import UnitError, parse_duration
 
@@ -79,13 +77,14 @@ class Walk:
         except AttributeError:
             return None
 
-    def mapping(self, node: Any, path: str, line: int | None, allowed: tuple[str, ...] | None) -> CommentedMap:
-        """The node as a mapping (empty when absent or wrong), unknown keys reported."""
+    def mapping(self, node: Any, path: str, line: int | None, allowed: tuple[str, ...] | None) -> dict[Any, Any]:
+        """The node as a mapping (empty when absent or wrong), unknown keys reported. (A plain dict from the fast
+        loader, a CommentedMap, which is one, from the round-trip loader that knows the lines: ``load``.)"""
         if node is None:
-            return CommentedMap()
-        if not isinstance(node, CommentedMap):
+            return {}
+        if not isinstance(node, dict):
             self.error(path, line, f"must be a mapping, not {kind(node)}")
-            return CommentedMap()
+            return {}
         if allowed is not None:
             for key in node:
                 if key not in allowed:
@@ -93,7 +92,7 @@ class Walk:
                                f"unknown key (expected one of: {', '.join(allowed)})")
         return node
 
-    def value(self, node: CommentedMap, key: str, path: str, parse: Any, default: Any) -> Any:
+    def value(self, node: dict[Any, Any], key: str, path: str, parse: Any, default: Any) -> Any:
         """Parse ``node[key]`` with ``parse`` (which raises ValueError); absent or null → default."""
         if key not in node or node[key] is None:
             return default
@@ -109,9 +108,9 @@ def join(path: str, key: Any) -> str:
 
 
 def kind(node: Any) -> str:
-    if isinstance(node, CommentedMap):
+    if isinstance(node, dict):
         return "a mapping"
-    if isinstance(node, CommentedSeq):
+    if isinstance(node, list):
         return "a list"
     if isinstance(node, bool):
         return "a boolean"

@@ -43,13 +43,19 @@ class PoolCollector(Collector):
             workers.add_metric(list(key), sizes.get(key, 0))
         decisions = CounterMetricFamily("elasticd_pool_decisions", "Pool decisions taken, by group and kind.",
                                         labels=["tenant", "app", "group", "decision"])
+        # A group that never had a worker nor a decision (at zero, idle: most of a host of idle tenants) has no
+        # series but its worker count: 11 zeros for each of a thousand such groups is most of a scrape.
         for key, counts in self._pool.decision_counts().items():
+            if not counts and not sizes.get(key):
+                continue
             for kind in (*DECISIONS, *sorted(set(counts) - set(DECISIONS))):
                 decisions.add_metric([*key, kind], counts.get(kind, 0))
         bound = GaugeMetricFamily("elasticd_group_limit_bound",
                                   "1 while the tenant's cgroup limit on this resource holds the group's scale-up.",
                                   labels=["tenant", "app", "group", "resource"])
         for key, resources in self._pool.limits_bound().items():
+            if not sizes.get(key) and not resources:
+                continue  # (a group with no worker grows only by a cold start, which no limit holds)
             for resource in LIMITED_RESOURCES:
                 bound.add_metric([*key, resource], 1.0 if resource in resources else 0.0)
         yield occupancy
@@ -59,7 +65,7 @@ class PoolCollector(Collector):
         yield from _cold_starts(self._pool.cold_starts())
         stats: MoveStats | None = getattr(self._pool.mover, "stats", None)
         if stats is not None:
-            yield from _moves(stats, self._pool.groups())
+            yield from _moves(stats, [key for key in self._pool.groups() if sizes.get(key)])
 
 
 def _cold_starts(cold: dict[tuple[str, str, str], ColdStarts]) -> Iterator[Metric]:
@@ -68,6 +74,8 @@ def _cold_starts(cold: dict[tuple[str, str, str], ColdStarts]) -> Iterator[Metri
     duration = HistogramMetricFamily("elasticd_cold_start_seconds", "Seconds from the request that found the group "
                                      "at zero to its worker accepting connections.", labels=["tenant", "app", "group"])
     for key, stats in sorted(cold.items()):
+        if not stats.count:
+            continue  # (a series per group never cold-started would be a scrape of zeros on an idle host)
         starts.add_metric(list(key), stats.count)
         duration.add_metric(list(key), cumulative_buckets(COLD_BOUNDS, stats.buckets, stats.count),
                             sum_value=stats.sum)
