@@ -8,7 +8,7 @@ import pytest
 
 from elasticd.config.load import parse_config
 from elasticd.config.walk import ConfigError
-from elasticd.front.core.counters import ForwardCounters, RouteStats
+from elasticd.front.core.counters import ForwardCounters
 from elasticd.front.core.dispatch import Refuse, Target, Wake, decide
 from elasticd.front.core.groups import CANARY, DEFAULT, STICKY, canary_point, choose_group
 from elasticd.front.core.http1 import RequestHead
@@ -127,7 +127,7 @@ class _W:
 
 def test_a_request_for_a_group_at_zero_waits_for_its_cold_start_or_is_refused():
     surface, forwards = Surface(60.0), ForwardCounters()
-    target = Target(_route(0.0), RouteStats(), None)
+    target = Target(_route(0.0), forwards.route("acme", "shop"), None)
     nobody = lambda tenant, app, group: []  # noqa: E731
     woken: list[tuple[str, str, str]] = []
 
@@ -145,7 +145,7 @@ def test_a_request_for_a_group_at_zero_waits_for_its_cold_start_or_is_refused():
 
 def test_each_request_is_routed_to_its_users_group_and_counted():
     surface, forwards = Surface(60.0), ForwardCounters()
-    target = Target(_route(0.1), RouteStats(), None)
+    target = Target(_route(0.1), forwards.route("acme", "shop"), None)
     workers = {"green": [_W("acme.shop.green.1")], "blue": [_W("acme.shop.blue.1")]}
     by_group = lambda tenant, app, group: workers[group]  # noqa: E731
     canary = decide(target, _head(LOW), 1.0, by_group, (), surface, place, forwards)
@@ -154,11 +154,11 @@ def test_each_request_is_routed_to_its_users_group_and_counted():
     assert default[0].worker_id == "acme.shop.green.1" and default[5] == "green"
     assert surface.users[LOW].group == "blue" and surface.users[MID].group == "green"
     # The canary's share goes to 0 on a reload: the canary user stays; counted as kept (sticky)
-    target = Target(_route(0.0), RouteStats(), None)
+    target = Target(_route(0.0), forwards.route("acme", "shop"), None)
     again = decide(target, _head(LOW), 2.0, by_group, (), surface, place, forwards)
     assert again[0].worker_id == "acme.shop.blue.1"
-    assert forwards.routing == {("acme", "shop", "blue", CANARY): 1, ("acme", "shop", "green", DEFAULT): 1,
-                                ("acme", "shop", "blue", STICKY): 1}
+    assert forwards.routing_counts() == {("acme", "shop", "blue", CANARY): 1, ("acme", "shop", "green", DEFAULT): 1,
+                                         ("acme", "shop", "blue", STICKY): 1}
 
 
 def test_a_user_who_logs_out_is_chosen_a_group_again():
@@ -203,7 +203,8 @@ def test_a_user_who_logs_out_and_in_again_is_placed_in_its_new_group_for_good():
     surface, forwards = Surface(60.0), ForwardCounters()
     workers = {"green": [_W("acme.shop.green.1")], "blue": [_W("acme.shop.blue.1")]}
     by_group = lambda tenant, app, group: workers[group]  # noqa: E731
-    green = Target(AppRoute("acme", "shop", "green", None, 0.0, frozenset(workers), "acme/shop"), RouteStats(), None)
+    stats = forwards.route("acme", "shop")
+    green = Target(AppRoute("acme", "shop", "green", None, 0.0, frozenset(workers), "acme/shop"), stats, None)
     decide(green, _head(MID), 1.0, by_group, (), surface, place, forwards)
     surface.login(MID, "alice", "acme.shop.green.1", 1.0, "green", "acme/shop")
     surface.login(MID, None, "acme.shop.green.1", 2.0, "green", "acme/shop")  # logged out
@@ -211,19 +212,19 @@ def test_a_user_who_logs_out_and_in_again_is_placed_in_its_new_group_for_good():
     again = decide(green, _head(MID), 3.0, by_group, (), surface, place, forwards)
     assert again[0].worker_id == "acme.shop.green.1" and surface.users[MID].group == "green"  # recorded again
     surface.login(MID, "alice", "acme.shop.green.1", 3.0, "green", "acme/shop")
-    blue = Target(AppRoute("acme", "shop", "blue", None, 0.0, frozenset(workers), "acme/shop"), RouteStats(), None)
+    blue = Target(AppRoute("acme", "shop", "blue", None, 0.0, frozenset(workers), "acme/shop"), stats, None)
     kept = decide(blue, _head(MID), 4.0, by_group, (), surface, place, forwards)
     assert kept[0].worker_id == "acme.shop.green.1"  # a switch afterwards keeps it where it is
     assert surface.count_by_group() == {("acme/shop", "green"): 1}
-    assert forwards.routing == {("acme", "shop", "green", DEFAULT): 2, ("acme", "shop", "green", STICKY): 1}
+    assert forwards.routing_counts() == {("acme", "shop", "green", DEFAULT): 2, ("acme", "shop", "green", STICKY): 1}
 
 
 def test_a_request_that_waits_for_a_cold_start_is_counted_once_when_it_goes():
     surface, forwards = Surface(60.0), ForwardCounters()
-    target = Target(_route(0.0), RouteStats(), None)
+    target = Target(_route(0.0), forwards.route("acme", "shop"), None)
     workers: list[_W] = []
     decide(target, _head(MID), 1.0, lambda *key: workers, (), surface, place, forwards, None, lambda key: True)
-    assert forwards.routing == {}  # waiting: not routed yet
+    assert forwards.routing_counts() == {}  # waiting: not routed yet
     workers.append(_W("acme.shop.green.1"))
     decide(target, _head(MID), 2.0, lambda *key: workers, (), surface, place, forwards, None, lambda key: True)
-    assert forwards.routing == {("acme", "shop", "green", DEFAULT): 1}
+    assert forwards.routing_counts() == {("acme", "shop", "green", DEFAULT): 1}

@@ -124,7 +124,7 @@ def test_bytes_per_user_on_the_surface() -> None:
         per_user = (tracemalloc.get_traced_memory()[0] - before) / count
     finally:
         tracemalloc.stop()
-    # id string 81, entry 104, four floats and ints ~100, the ring of six epochs (one array of doubles) 176, the
-    # dict's slot and index ~30-60 (growth-dependent): ~540 bytes, 54 MB for 100,000 users
+    # id string 81, entry 120, five floats and ints ~130, the ring of six epochs (one array of doubles) 176, the
+    # dict's slot and index ~30-60 (growth-dependent): ~580 bytes, 58 MB for 100,000 users
     print(f"surface: {per_user:.0f} bytes per user")
-    assert per_user < 580
+    assert per_user < 600

@@ -59,6 +59,6 @@ class FrontCollector(Collector):
                                       "The group of each new user and why (default, canary), and each request of "
                                       "a user kept on a group new users no longer go to (sticky).",
                                       labels=["tenant", "app", "group", "reason"])
-        for (tenant, app, group, reason), count in sorted(self._forwards.routing.copy().items()):
+        for (tenant, app, group, reason), count in sorted(self._forwards.routing_counts().items()):
             routing.add_metric([tenant, app, group, reason], count)
         yield routing

@@ -36,55 +36,62 @@ def epoch_of(now: float) -> int:
 class Consumption:
     """One user's requests and seconds: cumulative, and per epoch over the last ``EPOCHS`` epochs.
 
-    The ring is one array of doubles, each epoch's request count in ``[slot]`` and its seconds in
-    ``[EPOCHS + slot]``: the surface holds one of these per user, and one fixed block (176 bytes) is a third
-    of what two lists of boxed numbers cost. ``add`` runs once per request: while ``now`` is inside the newest
-    epoch it compares one float and adds (the epoch's slot and end are kept, not worked out again)."""
+    The epoch under way is two plain attributes (``now_requests``, ``now_seconds``): ``add``, once per request,
+    compares one float and adds to four numbers, nothing boxed in an array. The epochs before it are one array
+    of doubles (each epoch's request count in ``[slot]``, its seconds in ``[EPOCHS + slot]``), written when the
+    epoch changes: the surface holds one of these per user, and one fixed block (176 bytes) is a third of what
+    two lists of boxed numbers cost."""
 
-    __slots__ = ("ends", "epoch", "requests", "ring_counts", "seconds", "slot")
+    __slots__ = ("ends", "epoch", "now_requests", "now_seconds", "requests", "ring_counts", "seconds")
 
     def __init__(self) -> None:
         self.requests = 0
         self.seconds = 0.0
-        self.epoch = 0  # the newest epoch the ring holds; slot ``e % EPOCHS`` holds epoch e of the last EPOCHS
-        self.slot = 0  # the newest epoch's slot
-        self.ends = EPOCH  # when the newest epoch ends
+        self.epoch = 0  # the epoch under way; slot ``e % EPOCHS`` of the ring holds each earlier one of the last EPOCHS
+        self.ends = EPOCH  # when the epoch under way ends
+        self.now_requests = 0  # the epoch under way's
+        self.now_seconds = 0.0
         self.ring_counts = array("d", _EMPTY)
 
     def add(self, seconds: float, now: float) -> None:
         """Credit one forward of ``seconds``, ended at ``now``."""
         if now >= self.ends or now < self.ends - EPOCH:
             self._roll(int(now // EPOCH))
-        recent = self.ring_counts
-        slot = self.slot
-        recent[slot] += 1.0
-        recent[EPOCHS + slot] += seconds
+        self.now_requests += 1
+        self.now_seconds += seconds
         self.requests += 1
         self.seconds += seconds
 
     def _roll(self, epoch: int) -> None:
-        """Move the ring to ``epoch``: the slots of the epochs skipped (and of the one entered) start empty."""
+        """Move to ``epoch``: the one that was under way goes into the ring, the slots of the epochs skipped
+        (and of the one entered) start empty."""
         gap = epoch - self.epoch
         recent = self.ring_counts
         if gap <= 0 or gap >= EPOCHS:  # (gap < 0 only if the clock went back: start over rather than mix)
             for slot in range(2 * EPOCHS):
                 recent[slot] = 0.0
         else:
+            slot = self.epoch % EPOCHS
+            recent[slot] = float(self.now_requests)
+            recent[EPOCHS + slot] = self.now_seconds
             for skipped in range(self.epoch + 1, epoch + 1):
                 slot = skipped % EPOCHS
                 recent[slot] = 0.0
                 recent[EPOCHS + slot] = 0.0
         self.epoch = epoch
-        self.slot = epoch % EPOCHS
         self.ends = (epoch + 1) * EPOCH
+        self.now_requests = 0
+        self.now_seconds = 0.0
 
     def ring(self, now: float) -> list[tuple[int, float]]:
         """(requests, seconds) of each of the last ``EPOCHS`` epochs up to ``now``'s, the oldest first; an epoch
-        the ring no longer holds (the user was idle since) reads (0, 0.0)."""
+        no longer held (the user was idle since) reads (0, 0.0)."""
         current = int(now // EPOCH)
         out: list[tuple[int, float]] = []
         for epoch in range(current - EPOCHS + 1, current + 1):
-            if self.epoch - EPOCHS < epoch <= self.epoch:
+            if epoch == self.epoch:
+                out.append((self.now_requests, self.now_seconds))
+            elif self.epoch - EPOCHS < epoch < self.epoch:
                 slot = epoch % EPOCHS
                 out.append((int(self.ring_counts[slot]), self.ring_counts[EPOCHS + slot]))
             else:

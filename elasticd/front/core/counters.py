@@ -71,10 +71,13 @@ class RouteStats:
     """Answers of one (tenant, app): count per status code; latency of the forwarded ones as a histogram
     (per-bucket counts, not cumulative: cumulated when exposed)."""
 
-    __slots__ = ("buckets", "codes", "count", "sum")
+    __slots__ = ("buckets", "codes", "count", "defaults", "sum")
 
     def __init__(self) -> None:
         self.codes: dict[int, int] = {}
+        # group → new users routed to it as the default (the "default" reason of ForwardCounters.routing, kept here
+        # because it is counted for every cookieless request: a dict keyed by a string, no tuple made)
+        self.defaults: dict[str, int] = {}
         self.buckets = [0] * (len(BOUNDS) + 1)
         self.count = 0
         self.sum = 0.0
@@ -135,6 +138,15 @@ class ForwardCounters:
         stats.buckets[bucket(seconds)] += 1
         stats.count += 1
         stats.sum += seconds
+
+    def routing_counts(self) -> dict[tuple[str, str, str, str], int]:
+        """(tenant, app, group, reason) → count: the routing table's and the routes' default counts together."""
+        counts = dict(self.routing)
+        for (tenant, app), stats in list(self.routes.items()):
+            for group, count in list(stats.defaults.items()):
+                key = (tenant, app, group, "default")
+                counts[key] = counts.get(key, 0) + count
+        return counts
 
     def routed(self, tenant: str, app: str, group: str, reason: str) -> None:
         key = (tenant, app, group, reason)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple, TypeVar
 
 from elasticd.front.core.counters import ForwardCounters, RouteStats
-from elasticd.front.core.groups import STICKY, choose_group
+from elasticd.front.core.groups import DEFAULT, STICKY, choose_group
 from elasticd.front.core.http1 import RequestHead
 from elasticd.front.core.quota import CONCURRENCY, TenantQuota
 from elasticd.front.core.routing import AppRoute
@@ -112,6 +112,8 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
     counted = ""
     if placed and placed == route.group:
         group = placed
+    elif not placed and route.canary is None:
+        group, counted = route.group, DEFAULT  # a new user of an app without a canary: no choice to make
     else:
         group, reason = choose_group(route, user, placed)
         if reason is STICKY or placed != group:
@@ -133,7 +135,11 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
         stats.answered(503)
         return Refuse(503, f"{route}: no worker available", 1)
     if counted:
-        forwards.routed(route.tenant, route.app, group, counted)
+        if counted is DEFAULT:  # (most of them, every cookieless request: counted per app, no tuple made)
+            defaults = stats.defaults
+            defaults[group] = defaults.get(group, 0) + 1
+        else:
+            forwards.routed(route.tenant, route.app, group, counted)
     if fresh:
         chosen = place(None, surface, workers)
         first = workers[0]  # the reception, nearly always placement's choice for a new user: no search
