@@ -237,6 +237,11 @@ async def serve(listen: str) -> None:
     host, _, port = where.rpartition(":")
     if not ((kind == "unix" and where) or (kind == "tcp" and port.isdigit())):
         raise SystemExit(f"ELASTIC_LISTEN={listen!r}: expected unix:/path or tcp:HOST:PORT")
+    # The stop signals first: a supervisor may send SIGTERM as soon as the socket accepts, and before a handler
+    # is installed SIGTERM's default action would kill the worker without its cleanup.
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
     on_runner, on_site = grace(5.0)
     runner = web.AppRunner(make_app(), access_log=None, **on_runner)
     await runner.setup()
@@ -245,9 +250,6 @@ async def serve(listen: str) -> None:
     await (web.UnixSite(runner, where, **on_site) if kind == "unix"
            else web.TCPSite(runner, host.strip("[]"), int(port), **on_site)).start()
     print(f"demo worker {WORKER} listening on {listen}", file=sys.stderr, flush=True)
-    stop = asyncio.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
     try:
         await stop.wait()
     finally:
