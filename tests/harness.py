@@ -187,6 +187,18 @@ class Daemon:
         finally:
             conn.close()
 
+    def announced(self, count: int, timeout: float = 30.0, app: str = "acme/shop",
+                  group: str = "green") -> dict[str, Any]:
+        """The group's pool once ``count`` of its workers run and announced themselves on the channel."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pool = self.pool(app, group)
+            running = [w for w in pool["workers"] if w["state"] == "running" and w["announced"]]
+            if len(running) >= count:
+                return pool
+            assert time.monotonic() < deadline, f"{count} workers never announced: {pool['workers']}"
+            time.sleep(0.1)
+
     def pool(self, app: str = "acme/shop", group: str = "green") -> dict[str, Any]:
         """One group of ``elasticctl pool APP --json``; its worker pids join seen_pids."""
         result = self.ctl("pool", app, "--json")

@@ -47,14 +47,8 @@ def _get(d, path: str, auth: tuple[str, str] | None = None) -> tuple[int, str, d
         return exc.code, exc.read().decode(), dict(exc.headers)
 
 
-def _announced(d, count: int, timeout: float = 30.0) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while True:
-        workers = [w for w in d.pool()["workers"] if w["state"] == "running" and w["announced"]]
-        if len(workers) >= count:
-            return workers
-        assert time.monotonic() < deadline, f"{count} workers never announced"
-        time.sleep(0.1)
+def _announced(d, count: int) -> list[dict]:
+    return [w for w in d.announced(count)["workers"] if w["state"] == "running" and w["announced"]]
 
 
 def _population(d) -> dict:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.request
 
 from harness import browse
@@ -26,21 +25,10 @@ tenants:
 SERVER = "  occupancy_interval: 200ms\n  move_timeout: 5s\n"
 
 
-def _announced(d, count: int, timeout: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        pool = d.pool()
-        running = [w for w in pool["workers"] if w["state"] == "running" and w["announced"]]
-        if len(running) >= count:
-            return pool
-        assert time.monotonic() < deadline, f"{count} workers never announced: {pool['workers']}"
-        time.sleep(0.1)
-
-
 def test_drain_moves_every_user_with_its_state_then_retires_the_worker(daemons, tmp_path):
     d = daemons(TENANTS.format(root=tmp_path), extra_server=SERVER)
     d.start()
-    pool = _announced(d, 2)
+    pool = d.announced(2)
     reception = next(w["id"] for w in pool["workers"] if w["reception"])
     cookies = []
     for _ in range(3):  # three users, born on the reception, each counting in its process
@@ -82,7 +70,7 @@ def test_users_waiting_their_turn_during_a_drain_keep_their_state(daemons, tmp_p
     count from 1 again)."""
     d = daemons(TENANTS.format(root=tmp_path), extra_server=SERVER)
     d.start()
-    pool = _announced(d, 2)
+    pool = d.announced(2)
     reception = next(w["id"] for w in pool["workers"] if w["reception"])
     cookies = [browse(d, "/counter")[2] for _ in range(4)]
     counts: dict[str, list[int]] = {c: [1] for c in cookies}

@@ -93,12 +93,6 @@ class Surface:
             counts[key] = counts.get(key, 0) + 1
         return counts
 
-    def count_by_worker(self):
-        counts: dict[str, int] = {}
-        for rec in self.users.values():
-            counts[rec.worker] = counts.get(rec.worker, 0) + 1
-        return counts
-
     def assign(self, user, worker, now):
         self.users.setdefault(user, User(worker, None)).worker = worker
         self.users[user].pinned = False

@@ -127,9 +127,6 @@ class Newcomers:
     def __len__(self) -> int:
         return len(self.current) + len(self.previous)
 
-    def __contains__(self, user: object) -> bool:
-        return user in self.current or user in self.previous
-
     def credit(self, user: str, seconds: float, now: float, group: str = "") -> None:
         current = self.current
         if len(current) >= self.half:

@@ -122,11 +122,11 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
     if unroutable:
         workers = [w for w in workers if w.worker_id not in unroutable]
     if not workers:
-        if entry is not None and entry.pinned and kept is not None:
-            keeping = kept(entry.worker)
-            if keeping is not None and entry.worker not in unroutable:
-                entry.seen = now
-                return (keeping, user, entry, b"", quota, entry.group or group)
+        keeping = _kept(entry, kept, unroutable)
+        if keeping is not None:
+            assert entry is not None
+            entry.seen = now
+            return (keeping, user, entry, b"", quota, entry.group or group)
         if quota is not None:
             quota.leave()
         key = (route.tenant, route.app, group)
@@ -154,14 +154,21 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
             if candidate.worker_id == wanted:
                 entry.seen = now
                 return (candidate, user, entry, b"", quota, group)
-        if entry.pinned and kept is not None and wanted not in unroutable:
-            keeping = kept(wanted)  # its worker is being emptied: it waits its turn to be moved off, there
-            if keeping is not None:
-                entry.seen = now
-                return (keeping, user, entry, b"", quota, group)
+        keeping = _kept(entry, kept, unroutable)
+        if keeping is not None:
+            entry.seen = now
+            return (keeping, user, entry, b"", quota, group)
     # New on the surface, or its worker went: (re-)placed in its group.
     worker = _placed(place(user, surface, workers), workers)
     return (worker, user, surface.assign(user, worker.worker_id, now, group, route.label), b"", quota, group)
+
+
+def _kept(entry: SurfaceUser | None, kept: Callable[[str], W | None] | None, unroutable: Collection[str]) -> W | None:
+    """The worker a pinned user waits on while it is emptied (it waits its turn to be moved off, there), or None:
+    not pinned, no such worker kept, or that worker found dead."""
+    if entry is None or not entry.pinned or kept is None or entry.worker in unroutable:
+        return None
+    return kept(entry.worker)
 
 
 def _placed(chosen: str, workers: Sequence[W]) -> W:

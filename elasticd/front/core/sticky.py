@@ -237,13 +237,6 @@ class Surface:
             counts[key] = counts.get(key, 0) + 1
         return counts
 
-    def count_by_worker(self) -> dict[str, int]:
-        """How many users each worker holds (one pass over the surface)."""
-        counts: dict[str, int] = {}
-        for entry in list(self.users.values()):
-            counts[entry.worker] = counts.get(entry.worker, 0) + 1
-        return counts
-
     def on(self, worker: str) -> Iterator[tuple[str, SurfaceUser]]:
         """The users a worker holds."""
         return ((user, entry) for user, entry in list(self.users.items()) if entry.worker == worker)
