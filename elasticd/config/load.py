@@ -19,6 +19,7 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError
 
+from elasticd.config.capacity import capacity_block, nodes_list, registry_section
 from elasticd.config.checks import check_document
 from elasticd.config.model import (
     App,
@@ -66,12 +67,13 @@ _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 _SERVER_KEYS = ("listen", "metrics_listen", "admin_socket", "admin_group", "runtime_dir", "cgroups",
                 "sample_interval", "occupancy_interval", "request_timeout", "stop_timeout", "user_ttl",
-                "hung_after", "move_timeout", "monitor")
+                "hung_after", "move_timeout", "monitor", "registry")
 _TENANT_KEYS = ("user", "group", "resources", "quotas", "apps")
 _RESOURCE_KEYS = ("cpu", "memory", "swap", "pids", "io_weight", "io_bandwidth")
 _QUOTA_KEYS = ("max_concurrent_requests", "requests_per_second", "burst")
 _APP_KEYS = ("domains", "root", "default_group", "canary", "groups")
-_GROUP_KEYS = ("command", "python", "env", "concurrency", "pool")
+_GROUP_KEYS = ("command", "python", "env", "concurrency", "pool", "capacity", "nodes")
+_SPAWNED_ONLY = ("command", "python", "env", "pool")  # what a nodes: group (never spawned) has no use for
 _POOL_KEYS = ("min_workers", "max_workers", "reception_threshold", "admission_threshold",
               "compaction_margin", "memory_limit", "drain_timeout", "idle_timeout", "cpu_held_at", "throttled_held_at",
               "memory_held_at", "pids_held_at")
@@ -96,6 +98,7 @@ def _server(walk: Walk, node: Any, line: int | None) -> Server:
                    f"({3 * occupancy_interval:g}s): a worker is called hung only after 3 missed reports")
     return Server(
         monitor=_monitor(walk, m),
+        registry=registry_section(walk, m),
         listen=walk.value(m, "listen", "server", address, d.listen),
         metrics_listen=walk.value(m, "metrics_listen", "server", address, d.metrics_listen),
         admin_socket=walk.value(m, "admin_socket", "server", absolute_path, d.admin_socket),
@@ -252,7 +255,22 @@ def _env(walk: Walk, node: Any, path: str, line: int | None) -> dict[str, str]:
 
 def _group(walk: Walk, name: str, node: Any, path: str, line: int | None) -> Group:
     m = walk.mapping(node, path, line, _GROUP_KEYS)
+    nodes = "nodes" in m
+    capacity = capacity_block(walk, m.get("capacity"), f"{path}.capacity", walk.key_line(m, "capacity"),
+                              for_node=nodes)
+    if nodes:
+        for key in _SPAWNED_ONLY:
+            if key in m:
+                walk.error(f"{path}.{key}", walk.key_line(m, key),
+                           "a group is either command: (workers elasticd starts) or nodes: (HTTP upstreams it "
+                           f"does not start), and {key} is for a command: group")
+        return Group(name=name, command=(),
+                     concurrency=walk.value(m, "concurrency", path, integer(1, 100000), 8),
+                     capacity=capacity,
+                     nodes=nodes_list(walk, m.get("nodes"), f"{path}.nodes", walk.key_line(m, "nodes") or line,
+                                      capacity))
     return Group(
+        capacity=capacity,
         name=name,
         command=_command(walk, m.get("command"), f"{path}.command", walk.key_line(m, "command") or line),
         python=walk.value(m, "python", path, absolute_path, None),

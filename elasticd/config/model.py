@@ -9,8 +9,9 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["Address", "App", "Canary", "CgroupSettings", "Config", "Group", "MonitorAuth", "PoolSettings", "Quotas",
-           "Resources", "RunAs", "Server", "Tenant", "default_burst"]
+__all__ = ["PROBE_KINDS", "Address", "App", "Canary", "Capacity", "CgroupSettings", "Config", "Group", "MonitorAuth",
+           "Node", "PoolSettings", "Quotas", "Registry", "Resources", "RunAs", "Server", "Tenant", "default_burst",
+           "node_id"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,18 @@ class MonitorAuth:
 
 
 @dataclass(frozen=True, slots=True)
+class Registry:
+    """``server.registry``: publish ``GET /v1/registry`` on metrics_listen, signed with the secret in
+    ``secret_file`` (at least 32 bytes, read at start and at each reload); ``key_file``: a bearer key readers
+    must send; ``instance``: the name the snapshot carries (default: the host name)."""
+
+    secret_file: str
+    ttl: float = 10.0
+    key_file: str | None = None
+    instance: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Server:
     listen: Address = Address("127.0.0.1", 8080)
     metrics_listen: Address = Address("127.0.0.1", 9464)
@@ -53,6 +66,7 @@ class Server:
     hung_after: float = 30.0  # silent AND making no progress this long = hung (never under 3 intervals)
     move_timeout: float = 10.0  # a live move's hard deadline: a moving user's requests are held at most this
     monitor: MonitorAuth | None = None  # None: /monitor answers without auth (metrics_listen is loopback)
+    registry: Registry | None = None  # None: no /v1/registry
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +114,58 @@ class PoolSettings:
     pids_held_at: float = 0.9
 
 
+# The kinds of capacity probe (seed 001). ``inflight`` (also ``none``, or no block) is no probe object at all:
+# admission reads the open-request count. ``ratelimit`` is passive: a 429 answer with Retry-After is a back-off.
+PROBE_KINDS = ("inflight", "none", "prometheus", "registry", "custom", "ratelimit")
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """A ``capacity:`` block: how a worker's or a node's own capacity is read (``probes/``).
+
+    ``interval``: how often the *source* is polled (the probe's own timer is this times the number of probes
+    polling the same source); ``max_age``: how long a reading is believed (0: until replaced); ``limit``: the
+    most it takes (default: the group's concurrency); ``wait``: how long a sticky user's request waits for room
+    before it is answered 503."""
+
+    probe: str = "inflight"  # one of PROBE_KINDS, ``none`` read as ``inflight``
+    interval: float = 2.0
+    max_age: float = 5.0
+    limit: int | None = None
+    wait: float = 1.0
+    path: str = "/metrics"  # prometheus: on the worker's own socket (or the node's URL)
+    url: str | None = None  # prometheus or registry: a URL of its own (a node's metrics on another port)
+    running: tuple[str, ...] = ()  # prometheus: metric names (alternatives); () = the seed's defaults
+    waiting: tuple[str, ...] = ()
+    secret_file: str | None = None  # registry: the publisher's secret
+    key_file: str | None = None  # registry: the bearer key the publisher asks readers for
+    app: str | None = None  # registry: "tenant/app" in the snapshot (default: this group's own)
+    max_skew: float = 5.0  # registry: a snapshot from further in the future than this is refused
+    cls: str | None = None  # custom: "module:Class"
+    block: Mapping[str, object] = field(default_factory=dict)  # the block verbatim (a custom class gets it)
+
+    @property
+    def probed(self) -> bool:
+        """A probe object polls for it (not the open-request count, not the passive back-off alone)."""
+        return self.probe in ("prometheus", "registry", "custom")
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """An HTTP upstream elasticd does not start (another host's front, an inference server): routed, sticky
+    and admitted like a worker, never spawned. ``id`` is ``tenant.app.group@name``."""
+
+    name: str
+    host: str
+    port: int
+    url: str
+    capacity: Capacity | None = None
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
 @dataclass(frozen=True, slots=True)
 class Group:
     name: str
@@ -108,6 +174,13 @@ class Group:
     env: Mapping[str, str] = field(default_factory=dict)
     concurrency: int = 8
     pool: PoolSettings = PoolSettings()
+    capacity: Capacity | None = None  # each of its workers' capacity probe (None: the open-request count)
+    nodes: tuple[Node, ...] = ()  # instead of a command: upstreams elasticd does not start
+
+    @property
+    def spawned(self) -> bool:
+        """Its workers are processes elasticd starts (a ``command:`` group), not ``nodes:``."""
+        return not self.nodes
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,3 +246,11 @@ class Config:
         for tenant, app in self.apps():
             for group in app.groups.values():
                 yield tenant, app, group
+
+    def spawned_groups(self) -> Iterator[tuple[Tenant, App, Group]]:
+        """The groups whose workers elasticd starts (not the ``nodes:`` ones)."""
+        return ((t, a, g) for t, a, g in self.groups() if g.spawned)
+
+
+def node_id(tenant: str, app: str, group: str, name: str) -> str:
+    return f"{tenant}.{app}.{group}@{name}"

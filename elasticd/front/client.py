@@ -226,6 +226,8 @@ class ClientConn(asyncio.Protocol):
         ex.end(EVENT_ANSWER_END, ex.status, now, front.forwards, front.surface)  # front.settle(), inlined
         if ex.login is not None:
             front.logged_in(ex, now)
+        if ex.backoff is not None:
+            front.backed_off(ex)
         relay = self.relay
         if relay.paused and relay.worker_gone() and self.transport is not None:
             self.transport.resume_reading()  # paused while that worker connection's buffer was full

@@ -20,7 +20,7 @@ from elasticd.config.model import Address, Quotas
 from elasticd.front import serving
 from elasticd.front.client import ClientConn
 from elasticd.front.core.counters import ForwardCounters
-from elasticd.front.core.dispatch import Hold, Refuse, Target, Wake, decide
+from elasticd.front.core.dispatch import Hold, Refuse, Room, Target, Wake, decide
 from elasticd.front.core.exchange import Exchange
 from elasticd.front.core.holds import Holds
 from elasticd.front.core.quota import QuotaBook
@@ -56,11 +56,17 @@ def _group_name(key: tuple[str, str, str]) -> str:
     return f"{key[0]}/{key[1]}/{key[2]}"
 
 
+def _refuses(full: Mapping[str, tuple[float, int, float]], worker: str, now: float) -> bool:
+    refused = full.get(worker)
+    return refused is not None and refused[0] > now
+
+
 class Front:
-    __slots__ = ("_address", "_connecting", "_next_expiry", "_pools", "_probes", "_routes", "_server", "_targets",
-                 "_timer", "_workers", "clock", "conns", "forwards", "held", "keepalive_timeout", "kept",
-                 "max_header_bytes", "move_timeout", "on_login", "place", "port", "quotas", "request_timeout",
-                 "stale_after", "stopping", "surface", "tunnel_timeout", "unroutable", "wake", "waking")
+    __slots__ = ("_address", "_connecting", "_next_expiry", "_pools", "_probes", "_room_terms", "_routes", "_server",
+                 "_targets", "_timer", "_workers", "clock", "conns", "forwards", "full", "held", "keepalive_timeout",
+                 "kept", "max_header_bytes", "move_timeout", "on_backoff", "on_login", "place", "port", "quotas",
+                 "request_timeout", "rooms", "stale_after", "stopping", "surface", "tunnel_timeout", "unroutable",
+                 "wake", "waking")
 
     def __init__(self, address: Address, routes: RouteTable, workers: WorkersFn, *,
                  quotas: Mapping[str, Quotas] | None = None, request_timeout: float = 60.0,
@@ -82,6 +88,16 @@ class Front:
         # Asked when a request's group has no routable worker: True when one is starting (the pool's cold
         # start); None: such a request is answered 503 at once.
         self.wake: Callable[[tuple[str, str, str]], bool] | None = None
+        # Admission by capacity readings (probes/): the workers and nodes whose own reading says they are full,
+        # by id → (until, Retry-After, how long a request may wait for room). Written by the probes' shell only.
+        self.full: dict[str, tuple[float, int, float]] = {}
+        # Requests waiting for room, by the full worker's id (a sticky user's) or "tenant/app/group" (a new
+        # user's, every worker of the group full), with the Retry-After and the wait of each key.
+        self.rooms: Holds[ClientConn] = Holds()
+        self._room_terms: dict[str, tuple[int, float]] = {}
+        # A 429 answer: (the worker or node, its Retry-After value, b"" for none, the instant) → the back-off
+        # it means, if any (the probes' shell decides whose 429 is one).
+        self.on_backoff: Callable[[str, bytes, float], None] | None = None
         # A worker being emptied by live moves, by id, while it still serves its pinned users (the daemon's;
         # None: no worker is ever kept out of the routable list with users on it).
         self.kept: Callable[[str], Upstream | None] | None = None
@@ -234,6 +250,45 @@ class Front:
                         "its waiting requests are answered 503", name, self.request_timeout)
             self.wake_failed((tenant, app, group), f"no worker came up within {self.request_timeout:g}s")
 
+    def room(self, worker_id: str, group: tuple[str, str, str]) -> int:
+        """A worker (or node) of ``group`` takes requests again: its waiting users' requests, and those of new
+        users waiting for any worker of the group, are dispatched, oldest first."""
+        released = 0
+        for key in (worker_id, _group_name(group)):
+            if key in self.rooms:
+                self._room_terms.pop(key, None)
+                released += self._dispatch_held(self.rooms.release(key), key)
+        return released
+
+    def _tick_rooms(self, now: float) -> None:
+        """Requests waiting for room: dispatched once a reading no longer refuses (its time ran out, or the
+        shell's ``room`` was missed), answered 503 with the Retry-After once they waited their ``wait``."""
+        full = self.full
+        for key in list(self._room_terms):
+            retry_after, wait = self._room_terms[key]
+            if "/" in key:
+                tenant, app, group = key.split("/")
+                roomy = any(w.worker_id not in self.unroutable and not _refuses(full, w.worker_id, now)
+                            for w in self._workers(tenant, app, group))
+            else:
+                roomy = not _refuses(full, key, now)
+            if roomy:
+                del self._room_terms[key]
+                self._dispatch_held(self.rooms.release(key), key)
+            elif key in self.rooms.overdue(now, wait):
+                del self._room_terms[key]
+                what = f"group {key}: every worker" if "/" in key else f"{key}"
+                self._answer_held(self.rooms.release(key), key, 503,
+                                  f"{what} says it is full (its capacity reading)", retry_after)
+
+    def backed_off(self, ex: Exchange) -> None:
+        """The answer to ``ex`` was a 429: the probes' shell may read its Retry-After as a back-off."""
+        if self.on_backoff is not None and ex.worker is not None and ex.backoff is not None:
+            try:
+                self.on_backoff(ex.worker, ex.backoff, self.clock())
+            except Exception:  # the answer went out already; a broken hook must not break the connection
+                log.exception("front: reading a 429's back-off failed")
+
     def _tick_interval(self) -> float:
         return max(0.01, min(1.0, self.request_timeout / 4, self.keepalive_timeout / 4))
 
@@ -241,6 +296,8 @@ class Front:
         try:
             now = self.clock()
             self._tick_waking(now)  # (first: a held request is answered before its connection's idle limit)
+            if self._room_terms:
+                self._tick_rooms(now)
             for conn in list(self.conns):
                 limit = conn.relay.idle_limit(self.keepalive_timeout, self.request_timeout, self.tunnel_timeout)
                 if now - conn.active_at > limit:
@@ -299,7 +356,12 @@ class Front:
         # instant on the connection: no second clock read per request.
         now = client.active_at
         decision = decide(target, ex.head, now, self._workers, self.unroutable, self.surface, self.place,
-                          self.forwards, self.kept, self.wake)
+                          self.forwards, self.kept, self.wake, self.full)
+        if isinstance(decision, Room):
+            ex.advance(EVENT_HOLD)
+            self.rooms.hold(decision.key, client, ex, now)
+            self._room_terms.setdefault(decision.key, (decision.retry_after, decision.wait))
+            return
         if isinstance(decision, Refuse):
             self._refuse(client, ex, decision.status, decision.text, retry_after=decision.retry_after)
             return
@@ -352,18 +414,24 @@ class Front:
         """The group's worker did not come up (its start failed, or not within ``request_timeout``): each
         request waiting for it is answered 503 with a Retry-After."""
         name = _group_name(key)
+        return self._answer_held(self.waking.release(name), name, 503, f"{key[0]}/{key[1]}: group {key[2]}: {why}",
+                                 _WAKE_RETRY_AFTER)
+
+    def _answer_held(self, held: list[tuple[ClientConn, Exchange]], what: str, status: int, text: str,
+                     retry_after: int) -> int:
+        """Held requests answered by the front (with ``status``), oldest first."""
         answered = 0
-        for client, ex in self.waking.release(name):
+        for client, ex in held:
             if client.transport is None or ex.phase is not PHASE_HELD:
                 continue  # the client left meanwhile
             try:
                 ex.advance(EVENT_RELEASE)
                 target = self.target(ex.head.host)
                 if target is not None:
-                    target.stats.answered(503)  # (answered now: a held request was counted nowhere yet)
-                client.refuse_released(ex, 503, f"{key[0]}/{key[1]}: group {key[2]}: {why}", _WAKE_RETRY_AFTER)
+                    target.stats.answered(status)  # (answered now: a held request was counted nowhere yet)
+                client.refuse_released(ex, status, text, retry_after)
             except Exception as exc:  # a bug of ours with one request must not strand the others
-                log.exception("front: answering a request waiting for %s failed", name)
+                log.exception("front: answering a request waiting for %s failed", what)
                 client.fail_closed(exc)
                 continue
             answered += 1

@@ -11,9 +11,12 @@ decisions stay in the front.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
-__all__ = ["drain", "listen", "probe"]
+__all__ = ["drain", "listen", "open_to", "probe"]
+
+P = TypeVar("P", bound=asyncio.BaseProtocol)
 
 
 async def listen(factory: Callable[[], asyncio.Protocol], host: str, port: int,
@@ -35,15 +38,24 @@ async def drain(busy: Callable[[], bool], grace: float, drained: Callable[[], No
     await asyncio.sleep(0)
 
 
-async def probe(path: str, accepting: Callable[[], None]) -> None:
-    """Try to connect to the Unix socket ``path`` (backing off from 50 ms to 2 s) until it accepts, then
-    ``accepting``. Cancelled when the worker goes or the front stops."""
+def open_to(factory: Callable[[], P], address: str) -> Coroutine[Any, Any, tuple[asyncio.BaseTransport, P]]:
+    """A connection to a worker's Unix socket (``address`` an absolute path) or a node ("host:port", "[v6]:port"),
+    as the loop's own coroutine."""
     loop = asyncio.get_running_loop()
+    if address.startswith("/"):
+        return loop.create_unix_connection(factory, address)
+    host, _, port = address.rpartition(":")
+    return loop.create_connection(factory, host.strip("[]"), int(port))
+
+
+async def probe(path: str, accepting: Callable[[], None]) -> None:
+    """Try to connect to the worker's socket ``path`` (or a node's "host:port") (backing off from 50 ms to 2 s)
+    until it accepts, then ``accepting``. Cancelled when the worker goes or the front stops."""
     delay = 0.05
     while True:
         await asyncio.sleep(delay)
         try:
-            transport, _ = await loop.create_unix_connection(asyncio.Protocol, path)
+            transport, _ = await open_to(asyncio.Protocol, path)
         except OSError:
             delay = min(delay * 2, 2.0)
             continue

@@ -9,6 +9,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+from elasticd.front import serving
 from elasticd.front.core.answer import (
     ANSWERED,
     CLOSE,
@@ -34,6 +35,9 @@ MAX_IDLE: Final = 1024  # kept-alive connections per worker beyond which a relea
 
 @dataclass(frozen=True, slots=True)
 class Upstream:
+    """A worker (``socket_path``: its Unix socket, an absolute path) or a node (``socket_path``: "host:port",
+    reached over TCP: ``serving.open_to``)."""
+
     worker_id: str
     socket_path: str
 
@@ -208,7 +212,7 @@ class ConnectionPool:
     def connect(self) -> Coroutine[Any, Any, tuple[asyncio.BaseTransport, UpstreamConn]]:
         """A new connection to the worker, as the loop's own coroutine (no coroutine of ours here: see
         serving.py); its result goes to ``opened``."""
-        return asyncio.get_running_loop().create_unix_connection(lambda: UpstreamConn(self), self.path)
+        return serving.open_to(lambda: UpstreamConn(self), self.path)
 
     def opened(self, conn: UpstreamConn) -> bool:
         """Take a connection ``connect`` made; False, and the connection closed, when the pool closed

@@ -168,6 +168,8 @@ class AnswerRelay:
                 self.out.extend(interim.parts)
             return
         head = ex.head
+        if status == 429:  # a worker or node says "too many": its Retry-After may be a back-off (seed 001)
+            ex.backoff = self.reader.retry_after or b""
         response = self.reader.finish(status, self.reason, upstream11, ex.method == b"HEAD", ex.http11,
                                       # an upgrade the worker refused, or a body not read whole: closed after
                                       head.keep_alive and ex.body_done and head.upgrade is None, ex.cookie_line)

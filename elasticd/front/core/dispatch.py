@@ -1,15 +1,16 @@
 """Where a request goes, decided with no I/O: route → (a user being moved: hold) → quota → sticky lookup → the
 user's group (``groups``) → placement, giving a ``Forward`` (the worker, the user, its surface entry, a
 Set-Cookie line for a new user, the group), a ``Hold`` (the user is being moved: the request waits in the front
-until the move ends), a ``Wake`` (the group is at zero workers and one is starting: the request waits for it)
-or a ``Refuse`` (status, text, Retry-After). Time is passed in. It changes only the core's own books: the quota's
-gate and bucket (an admitted request is counted in flight), the surface (a new or re-placed user), the refusal
-and routing counts.
+until the move ends), a ``Wake`` (the group is at zero workers and one is starting: the request waits for it),
+a ``Room`` (every worker the request may go to says it is full — a capacity reading, seed 001: it waits briefly
+for room, then is answered 503) or a ``Refuse`` (status, text, Retry-After). Time is passed in. It changes only
+the core's own books: the quota's gate and bucket (an admitted request is counted in flight), the surface (a new
+or re-placed user), the refusal and routing counts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import NamedTuple, TypeVar
 
 from elasticd.front.core.counters import ForwardCounters, RouteStats
@@ -27,7 +28,7 @@ from elasticd.front.core.sticky import (
     user_from_cookie,
 )
 
-__all__ = ["Forward", "Hold", "Refuse", "Target", "Wake", "WorkersOf", "decide"]
+__all__ = ["Forward", "Full", "Hold", "Refuse", "Room", "Target", "Wake", "WorkersOf", "decide"]
 
 
 class Target:
@@ -65,6 +66,21 @@ class Hold(NamedTuple):
     user: str
 
 
+# worker or node id → (until when it takes nothing, the Retry-After a refused client is told, how long a request
+# may wait for room): the capacity readings that say full, kept by the probes' shell; empty in the common case.
+Full = Mapping[str, tuple[float, int, float]]
+
+
+class Room(NamedTuple):
+    """Admission: the worker a sticky user lives on (``key``: its id) or every worker of the group a new user may
+    go to (``key``: "tenant/app/group") says it is full. Hold the request until one has room, at most ``wait``
+    seconds, then answer 503 with ``retry_after``. Its quota slot was given back."""
+
+    key: str
+    retry_after: int
+    wait: float
+
+
 class Wake(NamedTuple):
     """The request's group has no worker (scaled to zero) and one is starting for it: hold the request until
     that worker is routable (then decide again), at most ``request_timeout``. Its quota slot was given back."""
@@ -75,11 +91,13 @@ class Wake(NamedTuple):
 def decide(target: Target | None, head: RequestHead, now: float, workers_of: WorkersOf[W],
            unroutable: Collection[str], surface: Surface, place: PlaceFn, forwards: ForwardCounters,
            kept: Callable[[str], W | None] | None = None,
-           wake: Callable[[tuple[str, str, str]], bool] | None = None) -> Forward[W] | Hold | Refuse | Wake:
+           wake: Callable[[tuple[str, str, str]], bool] | None = None,
+           full: Full | None = None) -> Forward[W] | Hold | Refuse | Wake | Room:
     """``workers_of``: a group's routable workers (reception first); ``unroutable``: those the front found dead
     since; ``kept``: a worker being emptied (not routable: it takes no one new) by its id, while it still
     serves the users pinned to it; ``wake``: asked when the user's group has no worker (True: one is starting:
-    wait for it). A refusal after admission gives its quota slot back."""
+    wait for it); ``full``: the workers whose capacity reading refuses (``Full``). A refusal after admission
+    gives its quota slot back."""
     if target is None:
         host = head.host.decode("latin-1") if head.host is not None else "(none)"
         return Refuse(404, f"no app for host {host}", None)
@@ -134,6 +152,25 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
             return Wake(key)
         stats.answered(503)
         return Refuse(503, f"{route}: no worker available", 1)
+    if full:
+        # Admission (seed 001): a worker whose own reading says it is full takes nothing, whatever the front
+        # counts open on it. A new user goes to one with room; a user stuck to a full one waits for room there.
+        # A reading never admits what was refused otherwise: only the routable are looked at.
+        roomy = [w for w in workers if _room(full, w.worker_id, now)]
+        if len(roomy) != len(workers):
+            if entry is not None and entry.worker and not _room(full, entry.worker, now) and entry.group == group \
+                    and any(w.worker_id == entry.worker for w in workers):
+                if quota is not None:
+                    quota.leave()
+                _, retry_after, wait = full[entry.worker]
+                return Room(entry.worker, retry_after, wait)
+            if not roomy:
+                if quota is not None:
+                    quota.leave()
+                refused = [full[w.worker_id] for w in workers]
+                return Room(f"{route.tenant}/{route.app}/{group}", min(r[1] for r in refused),
+                            max(r[2] for r in refused))
+            workers = roomy
     if counted:
         if counted is DEFAULT:  # (most of them, every cookieless request: counted per app, no tuple made)
             defaults = stats.defaults
@@ -161,6 +198,12 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
     # New on the surface, or its worker went: (re-)placed in its group.
     worker = _placed(place(user, surface, workers), workers)
     return (worker, user, surface.assign(user, worker.worker_id, now, group, route.label), b"", quota, group)
+
+
+def _room(full: Full, worker: str, now: float) -> bool:
+    """The worker takes requests: no reading says it is full, or that reading's time is over."""
+    refused = full.get(worker)
+    return refused is None or refused[0] <= now
 
 
 def _kept(entry: SurfaceUser | None, kept: Callable[[str], W | None] | None, unroutable: Collection[str]) -> W | None:

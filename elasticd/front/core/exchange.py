@@ -58,7 +58,7 @@ class Link(Protocol):
 class Exchange:
     """One request and its answer. Also the open-requests entry (``user``, ``worker``, ``ts``)."""
 
-    __slots__ = ("body", "body_done", "conn", "cookie_line", "counters", "entry", "error", "group", "head",
+    __slots__ = ("backoff", "body", "body_done", "conn", "cookie_line", "counters", "entry", "error", "group", "head",
                  "http11", "login", "method", "phase", "quota", "retried", "rid", "route", "sent", "stats", "status",
                  "ts", "url", "user", "worker")
 
@@ -84,6 +84,7 @@ class Exchange:
         self.group = ""  # the app's group it was routed to
         self.cookie_line = b""
         self.login: bytes | None = None
+        self.backoff: bytes | None = None  # a 429's Retry-After value (b"" when it had none), else None
         self.retried = False
         self.rid = 0  # the open-requests id while FORWARDING or ANSWERING, else 0
         self.ts = 0.0

@@ -45,6 +45,7 @@ _LENGTH: Final = 9
 _UPGRADE: Final = 10
 _DROP: Final = 11
 _LOGIN: Final = 12
+_RETRY: Final = 13  # Retry-After: passed on, and read as a back-off when the answer is a 429
 
 _REQUEST_KINDS: Final[dict[bytes, int]] = {name: _DROP for name in _HOP}
 _REQUEST_KINDS.update({
@@ -56,7 +57,7 @@ _REQUEST_KINDS.update({
 _RESPONSE_KINDS: Final[dict[bytes, int]] = {name: _DROP for name in _HOP}
 _RESPONSE_KINDS.update({
     b"connection": _CONN, b"transfer-encoding": _TE, b"content-length": _LENGTH, b"upgrade": _UPGRADE,
-    b"x-elastic-login": _LOGIN,
+    b"x-elastic-login": _LOGIN, b"retry-after": _RETRY,
 })
 _NOT_NAMES: Final = frozenset({b"close", b"keep-alive", b"upgrade", b""})  # Connection tokens that name no header
 
@@ -346,7 +347,7 @@ class ResponseReader:
     decides the client's head and the framing. No I/O."""
 
     __slots__ = ("between", "chunked", "last_line", "last_reason", "last_status", "length", "lines", "login",
-                 "tokens", "upgrade")
+                 "retry_after", "tokens", "upgrade")
 
     def __init__(self) -> None:
         # The last status line made: a worker answers the same status most of the time, and comparing two
@@ -364,6 +365,7 @@ class ResponseReader:
         self.chunked = False
         self.login: bytes | None = None
         self.upgrade: bytes | None = None
+        self.retry_after: bytes | None = None  # (read by the answer relay before finish(), for a 429)
 
     def header(self, name: bytes, value: bytes) -> None:
         if self.between:
@@ -382,6 +384,9 @@ class ResponseReader:
             self.login = value.strip()
         elif kind == _UPGRADE:
             self.upgrade = value
+        elif kind == _RETRY:
+            self.retry_after = value
+            self.lines.extend((name, b": ", value, b"\r\n"))
 
     def finish(self, status: int, reason: bytes | None, upstream11: bool, head_request: bool, client11: bool,
                client_keep_alive: bool, extra: bytes = b"") -> ResponseHead:
@@ -395,7 +400,7 @@ class ResponseReader:
             self.last_status, self.last_reason = status, reason
         tokens, length, chunked, login, upgrade = self.tokens, self.length, self.chunked, self.login, self.upgrade
         self.lines = [b""]  # start(), inlined: readied for the next head in the same call
-        self.tokens = self.length = self.login = self.upgrade = None
+        self.tokens = self.length = self.login = self.upgrade = self.retry_after = None
         self.chunked = False
         self.between = True
         upstream_keep_alive = upstream11
