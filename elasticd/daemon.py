@@ -52,6 +52,9 @@ from elasticd.pool.manager import PoolManager
 from elasticd.pool.mover import Mover
 from elasticd.pool.pool_metrics import PoolCollector
 from elasticd.pool.sensing import in_process_tree
+from elasticd.probes.capacity_metrics import CapacityCollector
+from elasticd.probes.publish import RegistryPage, read_registry
+from elasticd.probes.wiring import CapacityWiring
 from elasticd.supervisor.supervisor import Supervisor
 from elasticd.supervisor.worker import Worker
 from elasticd.systemd import Notifier, setup_logging
@@ -83,6 +86,7 @@ class Daemon:
         "_tasks",
         "_upstream_of",
         "api",
+        "capacity",
         "cgroups",
         "channel",
         "config",
@@ -95,6 +99,7 @@ class Daemon:
         "mover",
         "notifier",
         "pool",
+        "registry",
         "sampler",
         "started_at",
         "supervisor",
@@ -128,11 +133,16 @@ class Daemon:
         self.mover = Mover(self.front, self.channel, on_end=self.pool.record_move)
         self.pool.mover = self.mover
         self.front.kept = self._kept
+        # Capacity probes (seed 001): readings narrow the front's admission and feed the pool's occupancy.
+        self.capacity = CapacityWiring(self.front, self.pool, self.supervisor)
+        self.front.place = self.capacity.place
         self.sampler = Sampler()
         self.monitor = MonitorPage(self.monitor_state)  # its credentials are read in run() (and at each reload)
+        self.registry = RegistryPage(self.capacity.registry_apps)  # its secret too
         self.metrics = MetricsServer(server.metrics_listen, self.sampler, self._limits_in_force,
-                                     extra_collectors=[self.front.collector(), PoolCollector(self.pool)],
-                                     routes=[self.monitor.add_routes])
+                                     extra_collectors=[self.front.collector(), PoolCollector(self.pool),
+                                                       CapacityCollector(self.capacity.state)],
+                                     routes=[self.monitor.add_routes, self.registry.add_routes])
         self.api = AdminApi(self, server.admin_socket, server.admin_group)
         self.started_at = time.time()
         self.last_reload: ReloadResult | None = None
@@ -171,6 +181,10 @@ class Daemon:
         key = (tenant, app, group)
         upstreams = self._routing.get(key)
         if upstreams is None:
+            nodes = self.capacity.nodes.get(key)
+            if nodes is not None:  # a nodes: group: its upstreams are the config's (a reload moves the version)
+                self._routing[key] = nodes
+                return nodes
             cache = self._upstream_of
             upstreams = []
             for w in self.pool.routable(key):
@@ -216,6 +230,8 @@ class Daemon:
         elif worker.state == "failed" or (worker.state in _GONE_STATES and not any(
                 w.state in ("new", "starting", "backoff", "running") for w in self.supervisor.workers_of(key))):
             self.front.wake_failed(key, f"its worker {worker.id} did not start ({worker.state})")
+        if worker.routable or worker.state in _GONE_STATES:
+            self.capacity.sync()  # its probe starts once its socket accepts; it stops, its reading dropped, as it goes
         if worker.state in _GONE_STATES:
             # The pooled connections point at a process that is gone; a restarted one gets fresh ones, and
             # a fresh window: its readings described another process.
@@ -242,6 +258,7 @@ class Daemon:
         self.front.configure(request_timeout=config.server.request_timeout, user_ttl=config.server.user_ttl,
                              move_timeout=config.server.move_timeout)
         self.pool.apply(config)
+        self.capacity.apply(config)  # nodes: groups' upstreams, and the probes (workers' start as they come up)
         # The budget reads rates over two sampler intervals and memory events over one smoothing window.
         server = config.server
         self.sampler.set_keep(max(CPU_SAMPLES, math.ceil(SMOOTHING_ROWS * server.occupancy_interval
@@ -291,11 +308,13 @@ class Daemon:
             try:
                 new = load_config(self.config_path)
                 credentials = read_credentials(new.server.monitor)
+                publisher = read_registry(new.server.registry)
             except (ConfigError, ValueError) as exc:
                 log.error("reload refused, the running configuration stays: %s\n%s", self.config_path, exc)
                 result = ReloadResult(ok=False, error=f"{self.config_path}:\n{exc}")
             else:
                 self.monitor.credentials = credentials
+                self.registry.publisher = publisher
                 result = ReloadResult(ok=True, problems=restart_only_changes(self.config, new))
                 for problem in result.problems:
                     log.warning("%s", problem)
@@ -327,7 +346,7 @@ class Daemon:
             return [{"user": user[:8], "login": rec.login, "requests": rec.requests,
                      "seconds": round(rec.seconds, 3)} for user, rec in surface.on(worker_id)]
 
-        return self.pool.describe(tenant, app, users_of)
+        return self.capacity.describe_pool(self.pool.describe(tenant, app, users_of))
 
     async def population(self, tenant: str, app: str) -> dict[str, Any]:
         """GET /v1/apps/{tenant}/{app}/population: every user of the app, fused from the workers' registers
@@ -413,6 +432,7 @@ class Daemon:
     async def run(self) -> int:
         try:
             self.monitor.credentials = read_credentials(self.config.server.monitor)
+            self.registry.publisher = read_registry(self.config.server.registry)
             self.cgroups.claim(self.config.server.cgroups)
             os.makedirs(os.path.join(self.config.server.runtime_dir, "workers"), mode=0o755, exist_ok=True)
             await self.api.start()
@@ -467,6 +487,7 @@ class Daemon:
         await self._tasks.settle()
         await self.notifier.stop_watchdog()
         await self.front.stop(self.config.server.stop_timeout)
+        await self.capacity.aclose()
         await self.supervisor.stop_all()
         await self.cgroups.drain_all(self.config)
         await self.api.stop()

@@ -5,6 +5,8 @@ recomputes it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
 
 from elasticd.daemon import Daemon
 from elasticd.front import Upstream
@@ -39,6 +41,7 @@ class FakeDaemon:
     _routing: dict = field(default_factory=dict)
     _routing_version: int = -1
     _upstream_of: dict = field(default_factory=dict)
+    capacity: Any = field(default_factory=lambda: SimpleNamespace(nodes={}))
 
 
 def test_the_routing_is_reused_until_a_change_is_counted():

@@ -138,7 +138,7 @@ def reading(used: Any, limit: Any) -> dict[str, Any]:
 
 
 def test_snapshot_sorts_apps_groups_and_workers() -> None:
-    apps = [
+    apps: list[dict[str, Any]] = [
         {"tenant": "zeta", "app": "a", "groups": []},
         {"tenant": "acme", "app": "shop", "groups": [
             {"group": "green", "workers": [worker("acme.shop.green.2"), worker("acme.shop.green.1")]},
@@ -164,17 +164,18 @@ def test_snapshot_sorts_apps_groups_and_workers() -> None:
 
 
 def test_snapshot_bytes_do_not_depend_on_the_input_order() -> None:
-    one = [{"tenant": "b", "app": "x", "groups": [{"group": "g2", "workers": []},
+    one: list[dict[str, Any]] = [{"tenant": "b", "app": "x", "groups": [{"group": "g2", "workers": []},
                                                   {"group": "g1", "workers": [worker("2"), worker("1")]}]},
            {"tenant": "a", "app": "y", "groups": []}]
-    two = [{"tenant": "a", "app": "y", "groups": []},
+    two: list[dict[str, Any]] = [{"tenant": "a", "app": "y", "groups": []},
            {"tenant": "b", "app": "x", "groups": [{"group": "g1", "workers": [worker("1"), worker("2")]},
                                                   {"group": "g2", "workers": []}]}]
     assert canonical(snapshot("h", NOW, 5.0, one)) == canonical(snapshot("h", NOW, 5.0, two))
 
 
 def test_snapshot_takes_entries_without_groups_or_workers() -> None:
-    out = snapshot("h", NOW, 5.0, [{"tenant": "a", "app": "x"}, {"tenant": "a", "app": "w", "groups": [{"group": "g"}]}])
+    apps: list[dict[str, Any]] = [{"tenant": "a", "app": "x"}, {"tenant": "a", "app": "w", "groups": [{"group": "g"}]}]
+    out = snapshot("h", NOW, 5.0, apps)
     assert out["apps"] == [{"tenant": "a", "app": "w", "groups": [{"group": "g"}]}, {"tenant": "a", "app": "x"}]
     assert snapshot("h", NOW, 5.0, [])["apps"] == []
 
@@ -182,7 +183,7 @@ def test_snapshot_takes_entries_without_groups_or_workers() -> None:
 # -- node_load ------------------------------------------------------------------------------------------------
 
 
-def app_snapshot(*groups: list[dict[str, Any]], tenant: str = "acme", app: str = "shop") -> dict[str, Any]:
+def app_snapshot(*groups: list[Any], tenant: str = "acme", app: str = "shop") -> dict[str, Any]:
     entry = {"tenant": tenant, "app": app,
              "groups": [{"group": f"g{i}", "workers": workers} for i, workers in enumerate(groups)]}
     return snapshot("h", NOW, 10.0, [entry, {"tenant": "other", "app": "shop", "groups": [
@@ -195,7 +196,7 @@ def app_snapshot(*groups: list[dict[str, Any]], tenant: str = "acme", app: str =
     (app_snapshot([worker("1", opened=3, limit=8, capacity=reading(5, 10))]), (5.0, 10.0)),
     (app_snapshot([worker("1", opened=6, limit=8, capacity=reading(5, 10))]), (6.0, 10.0)),  # open counts more
     (app_snapshot([worker("1", opened=1, limit=8), worker("2", opened=2, limit=8, capacity=reading(4, 6))],
-                  [worker("3", opened=0, limit=4)]), (5.0, 22.0)),  # across groups
+                  [worker("3", opened=0, limit=4)]), (5.0, 18.0)),  # across groups
     (app_snapshot([worker("1", opened=1.5, limit=2.5)]), (1.5, 2.5)),
     # unhealthy workers are skipped; an app with none healthy says nothing
     (app_snapshot([worker("1", opened=3), worker("2", healthy=False, opened=7)]), (3.0, 8.0)),
@@ -298,7 +299,8 @@ NOT_JSON = b"{not json"
      "ttl 0, not a positive number"),  # malformed AND from the future
     # (d) from the future: beyond max_skew (5 s) ahead of the reader's clock
     (200, FUTURE_BODY, signed(FUTURE_BODY), None, FUTURE, "generated 6.0s in the future, max skew 5s"),
-    (200, FUTURE_BODY, signed(FUTURE_BODY), NOW + 100, FUTURE, "generated 6.0s in the future, max skew 5s"),  # AND replayed
+    (200, FUTURE_BODY, signed(FUTURE_BODY), NOW + 100, FUTURE,
+     "generated 6.0s in the future, max skew 5s"),  # from the future AND replayed
     # (e) stale: generated_at + ttl <= now
     (200, STALE_BODY, signed(STALE_BODY), None, STALE, "generated 10.0s ago, ttl 10s"),
     (200, body(generated_at=NOW - 12), signed(body(generated_at=NOW - 12)), None, STALE,
@@ -325,14 +327,13 @@ def test_check_snapshot_refuses(status: int, raw: bytes, signature: str | None, 
     (200, NOW + 8, 10.0, None, 10.0),  # a wider max_skew
     (200, NOW, 10.0, None, 0.0),  # no skew allowed, none there
     (200, NOW - 9.999, 10.0, None, 5.0),  # just inside its ttl
-    (200, NOW - 1, 0.5, None, 5.0),  # a fractional ttl that has not run out... (below)
+    (200, NOW - 0.25, 0.5, None, 5.0),  # a fractional ttl not run out yet
     (200, 999_999, 10, None, 5.0),  # integers
 ])
 def test_check_snapshot_accepts(status: int, generated_at: float, ttl: float, last: float | None,
                                 max_skew: float) -> None:
-    now = NOW - 0.75 if ttl == 0.5 else NOW  # (...: read a quarter second after it was generated)
     raw = body(generated_at=generated_at, ttl=ttl)
-    result = check_snapshot(status, raw, signed(raw), SECRET, now, last, max_skew=max_skew)
+    result = check_snapshot(status, raw, signed(raw), SECRET, NOW, last, max_skew=max_skew)
     assert result == Accepted(json.loads(raw), float(generated_at), generated_at + ttl)
     assert isinstance(result.generated_at, float) and isinstance(result.expires_at, float)
 

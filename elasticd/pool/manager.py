@@ -63,7 +63,8 @@ MEASURED_ROWS = SMOOTHING_ROWS // 2  # readings before a worker's occupancy may 
 
 
 class _Group:
-    __slots__ = ("active", "bound", "cold", "cold_starts", "concurrency", "draining", "floor", "held", "journal",
+    __slots__ = ("active", "bound", "capacity", "cold", "cold_starts", "concurrency", "draining", "floor", "held",
+                 "journal",
                  "last_active", "last_requests", "occupancy", "pool", "rss", "sensors", "spawning", "user_seconds",
                  "wall", "windows")
 
@@ -83,6 +84,9 @@ class _Group:
         # Evaluated when a report is archived (the only time it can change), so placement on the request path
         # reads N numbers instead of re-averaging N windows.
         self.occupancy: dict[str, float] = {}
+        # What each worker's own capacity reading says (used / limit, probes/): a worker that says it is full is
+        # full, whatever its reports average to. Not smoothed: the reading is the worker's word for now.
+        self.capacity: dict[str, float] = {}
         self.rss: dict[str, int] = {}  # each worker's latest RSS (the memory hold's "one more worker")
         self.sensors: dict[str, TreeSensor] = {}
         self.spawning: set[str] = set()
@@ -152,7 +156,7 @@ class PoolManager:
         self.interval = config.server.occupancy_interval
         self.hung_after = config.server.hung_after
         self.move_timeout = config.server.move_timeout
-        wanted = {(t.name, a.name, g.name): (a, g) for t, a, g in config.groups()}
+        wanted = {(t.name, a.name, g.name): (a, g) for t, a, g in config.spawned_groups()}
         self.changes += 1
         for key in [k for k in self._groups if k not in wanted]:
             del self._groups[key]
@@ -194,7 +198,28 @@ class PoolManager:
 
     @staticmethod
     def _occupancy(entry: _Group, worker_id: str) -> float:
-        return entry.occupancy.get(worker_id, 0.0)
+        measured = entry.occupancy.get(worker_id, 0.0)
+        if not entry.capacity:
+            return measured
+        return max(measured, entry.capacity.get(worker_id, 0.0))  # the capacity component
+
+    def on_capacity(self, worker_id: str, key: GroupKey, ratio: float | None) -> None:
+        """A worker's capacity reading changed (None: it has none now). A reading at its limit is checked for a
+        scale-up at once: every worker that says it is full is one the group cannot place on."""
+        entry = self._groups.get(key)
+        if entry is None:
+            return
+        before = entry.capacity.get(worker_id)
+        if ratio is None:
+            entry.capacity.pop(worker_id, None)
+        else:
+            entry.capacity[worker_id] = ratio
+        if ratio is not None and ratio >= 1.0 and before != ratio:
+            self._check_capacity(key, entry, self._views(key, entry))
+
+    def capacity_of(self, worker_id: str) -> float | None:
+        found = self._find(worker_id)
+        return found[1].capacity.get(worker_id) if found is not None else None
 
     def _views(self, key: GroupKey, entry: _Group) -> list[WorkerView]:
         return [WorkerView(w.id, self._occupancy(entry, w.id)) for w in self.routable(key)]
@@ -316,6 +341,7 @@ class PoolManager:
             entry.cold.pop(worker_id, None)  # (a cold start that failed: not starting any more)
             entry.windows.pop(worker_id, None)
             entry.occupancy.pop(worker_id, None)
+            entry.capacity.pop(worker_id, None)
             entry.rss.pop(worker_id, None)
             entry.sensors.pop(worker_id, None)
             entry.spawning.discard(worker_id)
@@ -659,8 +685,10 @@ class PoolManager:
                     "draining": worker.id in entry.draining, "spawning": worker.id in entry.spawning,
                     "announced": worker.id in self._announced,
                     "occupancy": round(self._occupancy(entry, worker.id), 4),
-                    "components": {k: round(v, 4) for k, v in
-                                   components_of(rows, entry.pool.memory_limit, cpu_wall=entry.wall).items()},
+                    "components": {**{k: round(v, 4) for k, v in
+                                      components_of(rows, entry.pool.memory_limit, cpu_wall=entry.wall).items()},
+                                   **({"capacity": round(entry.capacity[worker.id], 4)}
+                                      if worker.id in entry.capacity else {})},
                     "history": [round(v, 3) for v in history_of(rows, entry.pool.memory_limit, entry.wall)],
                     "rates": None if rates is None else {"rps": round(rates.rps, 3), "latency": rates.latency,
                                                          "error_rate": round(rates.error_rate, 3)},

@@ -151,6 +151,13 @@ class Readings:
         tightest = max(full, key=lambda r: (r.retry_after is not None, r.ratio))
         return Refusal(until, max(1, math.ceil(min(wait, MAX_BACKOFF))), tightest)
 
+    def next_deadline(self, node: str, now: float) -> float | None:
+        """When the first of ``node``'s fresh readings stops being believed (None: none will by itself)."""
+        max_age = self.max_age(node)
+        ends = [r.deadline(max_age) for r in self.fresh(node, now)]
+        ends = [end for end in ends if end != math.inf]
+        return min(ends) if ends else None
+
     def nodes(self) -> Iterator[str]:
         return iter(list(self._by_node))
 

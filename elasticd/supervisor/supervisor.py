@@ -141,7 +141,7 @@ class Supervisor:
                 Desired(spec_for(app, group, self.leaf_for(tenant.name, app.name), tenant.run_as),
                         app.floor(group.name),  # none for a group new users do not go to, or at min_workers 0
                         group.pool.max_workers, group.pool.drain_timeout)
-            for tenant, app, group in config.groups()
+            for tenant, app, group in config.spawned_groups()  # (a nodes: group has nothing to start)
         }
 
     async def apply(self, config: Config) -> ApplyResult:

@@ -1,0 +1,225 @@
+"""A capacity probe's lifecycle (seed 001, ``Langertha::Skeid::CapacityProbe``): a timer, never the request path.
+
+A probe describes one worker or node. ``start`` polls once at once (the first request must not wait an interval
+for a reading) and then every ``poll_interval``: the block's ``interval`` times the number of probes polling the
+same source, so what the operator configured is the rate the *source* sees (four nodes behind one registry do
+not poll it four times as often). One poll is in flight at a time: a tick that finds one outstanding is skipped,
+so a slow source is not buried under a queue of polls.
+
+Two rules are not negotiable. A probe reports nothing rather than something old: a failing poll ``forget``s its
+own reading (admission falls back to the open-request count, merely imprecise, where a stale reading is
+confidently wrong). And ``stop`` drops the reading; an answer that arrives after ``stop`` — an HTTP request
+still in flight at a reload — writes nothing, because the node may be gone or a new probe may describe it.
+
+A subclass implements ``poll`` (a coroutine: it must not block the loop) and reports through ``report`` or
+``forget``. It may set ``source`` (the name its readings are kept under); a probe with none (a custom one that
+picks no name) forgets whatever reading its node has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final, Protocol
+
+import aiohttp
+
+from elasticd.background import watch
+from elasticd.config.model import Capacity
+from elasticd.probes.reading import Reading
+
+__all__ = ["CONNECT_TIMEOUT", "READ_TIMEOUT", "Probe", "ProbeSink", "ProbeTarget"]
+
+log = logging.getLogger("elasticd.probes")
+
+CONNECT_TIMEOUT: Final = 2.0  # seconds to connect to the source
+READ_TIMEOUT: Final = 3.0  # seconds for its answer, once connected
+OK: Final = "ok"
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeTarget:
+    """What a probe describes: a worker (``socket``: its Unix socket; its metrics are read there) or a node
+    (``url``: its base URL). ``limit``: the most it takes when the source does not say (the group's
+    concurrency, or the block's ``limit``)."""
+
+    node: str  # the worker's or node's id (the readings' key, the metrics' node label)
+    tenant: str
+    app: str
+    group: str
+    limit: int
+    socket: str | None = None
+    url: str | None = None
+
+
+class ProbeSink(Protocol):
+    """Where readings go (``state.CapacityState``)."""
+
+    def set(self, node: str, reading: Reading) -> None: ...
+
+    def forget(self, node: str, source: str | None) -> None: ...
+
+
+class Probe:
+    source: ClassVar[str | None] = None
+
+    def __init__(self, target: ProbeTarget, config: Capacity, sink: ProbeSink, *, sharing: int = 1,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.target = target
+        self.config = config  # the node's capacity block (``config.block``: verbatim)
+        self.sink = sink
+        self.sharing = max(1, sharing)
+        self.clock = clock
+        self.is_stopped = False
+        self.state = "new"  # "ok", or why the last poll failed (logged on change only)
+        self.polls = 0
+        self.skipped = 0  # ticks that found a poll still in flight
+        self._started = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._polling: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def node(self) -> str:
+        return self.target.node
+
+    @property
+    def poll_interval(self) -> float:
+        """How often this probe polls: the block's interval times the probes sharing its source."""
+        return self.config.interval * self.sharing
+
+    def start(self) -> None:
+        """Poll now, then on the timer. Safe to call twice (and a no-op once stopped)."""
+        if self._started or self.is_stopped:
+            return
+        self._started = True
+        max_age = self.config.max_age
+        if max_age > 0 and self.poll_interval >= max_age:
+            log.warning("capacity probe of %s: it polls every %gs, not within its max_age (%gs): its reading "
+                        "expires between polls, and admission falls back to open requests meanwhile",
+                        self.node, self.poll_interval, max_age)
+        self._poll_now()
+        self._schedule()
+
+    def stop(self) -> None:
+        """Stop polling and drop the reading: admission goes back to the open-request count rather than acting on
+        what this probe last said. A poll in flight finishes unheard."""
+        if self.is_stopped:
+            return
+        self.is_stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.sink.forget(self.node, self.source)
+        session, self._session = self._session, None
+        if session is not None:
+            polling = self._polling
+            # The session closes once the poll in flight ends (closing it now would cut that poll short: its
+            # answer must still arrive, to be ignored).
+            watch(asyncio.get_running_loop().create_task(_close_after(session, polling)), log,
+                  f"closing the capacity probe of {self.node}")
+
+    async def aclose(self) -> None:
+        """Stop, and wait for the poll in flight and the HTTP session (the daemon's shutdown)."""
+        self.stop()
+        polling = self._polling
+        if polling is not None and not polling.done():
+            polling.cancel()
+            await asyncio.gather(polling, return_exceptions=True)
+
+    # ------------------------------------------------------------------ what a subclass implements and calls
+
+    async def poll(self) -> None:
+        raise NotImplementedError
+
+    def report(self, used: float, limit: float, *, at: float | None = None, expires_at: float | None = None) -> bool:
+        """The source's answer: ``used`` of ``limit``. False (and nothing written) once stopped."""
+        if self.is_stopped:
+            return False
+        self.sink.set(self.node, Reading(self.source or "custom", float(used), float(limit),
+                                         self.clock() if at is None else at, expires_at))
+        self._state(OK, f"{used:g} of {limit:g}")
+        return True
+
+    def forget(self, state: str, detail: str = "") -> bool:
+        """The poll failed (``state``: why, e.g. "unreachable"): its reading is dropped. False once stopped."""
+        if self.is_stopped:
+            return False
+        self.sink.forget(self.node, self.source)
+        self._state(state, detail)
+        return True
+
+    async def fetch(self, url: str, headers: Mapping[str, str] | None = None) -> tuple[int, bytes, Mapping[str, str]]:
+        """GET ``url`` (on the worker's own socket when the target has one: the URL's host is then only the Host
+        header), with the probe's timeouts: connect 2 s, the answer 3 s."""
+        if self._session is None:
+            connector = (aiohttp.UnixConnector(path=self.target.socket) if self.target.socket is not None
+                         else aiohttp.TCPConnector(limit=1, force_close=False))
+            timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT, sock_connect=CONNECT_TIMEOUT,
+                                            sock_read=READ_TIMEOUT)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=True)
+        async with self._session.get(url, headers=dict(headers or {}), allow_redirects=False) as response:
+            body = await response.read()
+            return response.status, body, response.headers
+
+    # ------------------------------------------------------------------ the timer
+
+    def _schedule(self) -> None:
+        self._timer = asyncio.get_running_loop().call_later(self.poll_interval, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self.is_stopped:
+            return
+        self._poll_now()
+        self._schedule()
+
+    def _poll_now(self) -> None:
+        if self._polling is not None and not self._polling.done():
+            self.skipped += 1  # one poll in flight at a time
+            return
+        self.polls += 1
+        self._polling = asyncio.get_running_loop().create_task(self._run_poll())
+
+    async def _run_poll(self) -> None:
+        try:
+            await self.poll()
+        except asyncio.CancelledError:
+            raise
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            self.forget("unreachable", _why(exc))
+        except Exception as exc:  # a custom probe's bug: said (once per change), and its reading forgotten
+            if not self.is_stopped and self.state != "failed":
+                log.exception("capacity probe of %s: its poll failed", self.node)
+            self.forget("failed", _why(exc))
+
+    def _state(self, state: str, detail: str) -> None:
+        if state == self.state:
+            return
+        before, self.state = self.state, state
+        if state == OK:
+            log.info("capacity probe of %s: reading (%s)%s", self.node, detail,
+                     f", after {before}" if before != "new" else "")
+        else:
+            log.warning("capacity probe of %s: %s%s: its reading is forgotten (admission counts open requests)",
+                        self.node, state, f" ({detail})" if detail else "")
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.config.probe, "state": self.state, "interval": self.poll_interval,
+                "polls": self.polls, "skipped": self.skipped}
+
+
+async def _close_after(session: aiohttp.ClientSession, polling: asyncio.Task[None] | None) -> None:
+    if polling is not None and not polling.done():
+        await asyncio.gather(polling, return_exceptions=True)
+    await session.close()
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc)
+    if isinstance(exc, asyncio.TimeoutError) or not text:
+        return type(exc).__name__ if not isinstance(exc, asyncio.TimeoutError) else "timed out"
+    return text

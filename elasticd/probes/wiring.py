@@ -1,0 +1,162 @@
+"""Capacity in the daemon: which workers and nodes are probed, the ``nodes:`` groups' upstreams, what the registry
+publishes and what ``GET …/pool`` shows of it. A shell between the config, the supervisor, the front and the
+pool on one side and the probes' ``CapacityState`` on the other, so the daemon only calls it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from elasticd.config.model import Config, Group, node_id
+from elasticd.front.core.sticky import RoutableWorker, Surface, place
+from elasticd.front.server import Front
+from elasticd.front.upstream import Upstream
+from elasticd.pool.manager import PoolManager
+from elasticd.probes.probe import ProbeTarget
+from elasticd.probes.state import CapacityState
+from elasticd.supervisor.supervisor import Supervisor
+
+__all__ = ["CapacityWiring"]
+
+GroupKey = tuple[str, str, str]
+
+
+class CapacityWiring:
+    __slots__ = ("_config", "_front", "_supervisor", "nodes", "state")
+
+    def __init__(self, front: Front, pool: PoolManager, supervisor: Supervisor) -> None:
+        self._front = front
+        self._supervisor = supervisor
+        self._config: Config | None = None
+        self.state = CapacityState(front.full, front.room, pool.on_capacity)
+        front.on_backoff = lambda worker, value, now: self.state.backoff(worker, value)
+        # A nodes: group's upstreams, in the config's order (the first is where new users go while it has room).
+        self.nodes: dict[GroupKey, list[Upstream]] = {}
+
+    def apply(self, config: Config) -> None:
+        """A start or a reload: the nodes as configured, every probe as the config and the workers now ask."""
+        self._config = config
+        self.nodes = {(t.name, a.name, g.name): [Upstream(node_id(t.name, a.name, g.name, n.name), n.address)
+                                                 for n in g.nodes]
+                      for t, a, g in config.groups() if not g.spawned}
+        self.sync()
+
+    def sync(self) -> None:
+        """The probes for what runs now: called at each activation and at each worker's change of state (a
+        worker's probe starts when its socket accepts, and stops, its reading dropped, when it goes)."""
+        config = self._config
+        if config is None:
+            return
+        targets: list[tuple[ProbeTarget, Any]] = []
+        for tenant, app, group in config.groups():
+            key = (tenant.name, app.name, group.name)
+            if not group.spawned:
+                for node in group.nodes:
+                    if node.capacity is not None and node.capacity.probe != "inflight":
+                        limit = node.capacity.limit or group.concurrency
+                        targets.append((ProbeTarget(node_id(*key, node.name), *key, limit, url=node.url),
+                                        node.capacity))
+            elif group.capacity is not None and group.capacity.probe != "inflight":
+                limit = group.capacity.limit or group.concurrency
+                for worker in self._supervisor.workers_of(key):
+                    if worker.routable:
+                        targets.append((ProbeTarget(worker.id, *key, limit, socket=worker.socket_path),
+                                        group.capacity))
+        self.state.sync(targets)
+
+    async def aclose(self) -> None:
+        await self.state.aclose()
+
+    def place(self, user: str | None, surface: Surface, routable: Sequence[RoutableWorker]) -> str:
+        """The front's placement of a new (or re-placed) user: a worker group's reception (the pool places at
+        login from there); for a nodes: group, which has no pool, the node with the most room — the least of
+        its open requests over its limit, or its own reading when that says more."""
+        if not routable or "@" not in routable[0].worker_id:
+            return place(user, surface, routable)
+        open_by = self._front.forwards.open_by_worker()
+        limits = {target.node: target.limit for target, _ in self.state.targets()}
+
+        def load(worker: RoutableWorker) -> float:
+            wid = worker.worker_id
+            reading = self.state.tightest(wid)
+            measured = open_by.get(wid, 0) / limits.get(wid, self._concurrency(wid))
+            return max(measured, reading.ratio) if reading is not None else measured
+
+        return min(routable, key=load).worker_id
+
+    def _concurrency(self, node: str) -> int:
+        tenant, app, rest = node.split(".", 2)
+        group = rest.partition("@")[0]
+        config = self._config
+        try:
+            return config.tenants[tenant].apps[app].groups[group].concurrency if config is not None else 8
+        except KeyError:
+            return 8
+
+    # ------------------------------------------------------------------ views
+
+    def registry_apps(self) -> list[dict[str, Any]]:
+        """What ``GET /v1/registry`` says of each app: its groups' workers (and nodes), healthy or not, their
+        open requests, limit and own reading. No URL, no socket path."""
+        config = self._config
+        if config is None:
+            return []
+        open_by = self._front.forwards.open_by_worker()
+        unroutable = self._front.unroutable
+        apps = []
+        for tenant, app in config.apps():
+            groups = []
+            for group in app.groups.values():
+                key = (tenant.name, app.name, group.name)
+                workers = []
+                for wid, healthy in self._members(key, group):
+                    reading = self.state.tightest(wid)
+                    limit = (group.capacity.limit if group.capacity is not None and group.capacity.limit
+                             else group.concurrency)
+                    workers.append({"id": wid, "healthy": healthy and wid not in unroutable,
+                                    "open": open_by.get(wid, 0), "limit": limit,
+                                    "capacity": None if reading is None else
+                                    {"source": reading.source, "used": reading.used, "limit": reading.limit,
+                                     "at": reading.at}})
+                groups.append({"group": group.name, "workers": workers})
+            apps.append({"tenant": tenant.name, "app": app.name, "groups": groups})
+        return apps
+
+    def _members(self, key: GroupKey, group: Group) -> list[tuple[str, bool]]:
+        if not group.spawned:
+            return [(upstream.worker_id, True) for upstream in self.nodes.get(key, [])]
+        return [(w.id, w.routable) for w in self._supervisor.workers_of(key)]
+
+    def describe_pool(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``GET …/pool`` with each worker's capacity (its block's kind, its probe's state, its fresh readings),
+        and the app's nodes: groups (routed, never spawned) beside its pools."""
+        config = self._config
+        tenant, app = state["tenant"], state["app"]
+        for group in state["groups"].values():
+            for worker in group["workers"]:
+                worker["capacity"] = self.state.describe(worker["id"])
+        if config is None or tenant not in config.tenants or app not in config.tenants[tenant].apps:
+            return state
+        open_by = self._front.forwards.open_by_worker()
+        users = _users_by_worker(self._front)
+        for group in config.tenants[tenant].apps[app].groups.values():
+            if group.spawned:
+                continue
+            key = (tenant, app, group.name)
+            state["groups"][group.name] = {
+                "nodes": True, "active": group.name in config.tenants[tenant].apps[app].active_groups,
+                "workers": [{"id": upstream.worker_id, "address": upstream.socket_path, "state": "node",
+                             "routable": upstream.worker_id not in self._front.unroutable,
+                             "open": open_by.get(upstream.worker_id, 0), "users": users.get(upstream.worker_id, 0),
+                             "capacity": self.state.describe(upstream.worker_id)}
+                            for upstream in self.nodes.get(key, [])],
+            }
+        return state
+
+
+def _users_by_worker(front: Front) -> Mapping[str, int]:
+    counts: dict[str, int] = {}
+    for entry in list(front.surface.users.values()):
+        counts[entry.worker] = counts.get(entry.worker, 0) + 1
+    return counts
