@@ -18,7 +18,7 @@ import aiohttp
 
 from elasticd.accounting.high import SORTS, render_high
 from elasticd.config.units import UnitError, parse_duration
-from elasticd.monitor.terminal import render_population, render_watch
+from elasticd.monitor.terminal import capacity_text, render_nodes, render_population, render_watch
 
 __all__ = ["AdminClient", "ApiError", "main"]
 
@@ -229,6 +229,10 @@ def _high_parser(sub: Any) -> None:
 def render_pool(data: dict[str, Any]) -> str:
     out = []
     for name, group in data["groups"].items():
+        if group.get("nodes"):
+            out.extend(render_nodes(name, group))
+            out.append("")
+            continue
         t = group["thresholds"]
         book = group["ledger"]
         zero = "" if group["workers"] else (" — at zero: its next request starts one" if group.get("active", True)
@@ -249,8 +253,10 @@ def render_pool(data: dict[str, Any]) -> str:
             parts = " ".join(f"{k}={v:.2f}" for k, v in sorted(w["components"].items()))
             rps = f"{w['rates']['rps']:.1f}" if w["rates"] else "-"
             rows.append([w["id"], str(w["pid"] or "-"), w["state"], role, f"{w['occupancy']:.2f}", parts or "-",
-                         rps, str(len(w["users"])), "channel" if w["announced"] else "sensed"])
-        out.append(table(["WORKER", "PID", "STATE", "ROLE", "OCC", "COMPONENTS", "RPS", "USERS", "SENSOR"], rows))
+                         rps, str(len(w["users"])), "channel" if w["announced"] else "sensed",
+                         capacity_text(w.get("capacity"))])
+        out.append(table(["WORKER", "PID", "STATE", "ROLE", "OCC", "COMPONENTS", "RPS", "USERS", "SENSOR",
+                          "CAPACITY"], rows))
         for m in group.get("moves", []):
             out.append(f"moving {m['user']} from {m['from']} to {m['to']}: {m['step']} for {m['seconds']:.1f}s")
         if group["decisions"]:

@@ -265,6 +265,7 @@ class Daemon:
                                                          / server.sample_interval) + 1))
         result = await self.supervisor.apply(config)
         problems.extend(result.problems)
+        self.capacity.sync()  # (a launch's workers join their group only once all of them are routable)
         if previous is not None:
             if result.retired:  # removed apps and tenants: their cgroups go once their workers have drained
                 self._track(self._remove_when_drained(previous, result.retired))

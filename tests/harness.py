@@ -204,7 +204,7 @@ class Daemon:
         result = self.ctl("pool", app, "--json")
         assert result.returncode == 0, result.stderr
         found = json.loads(result.stdout)["groups"][group]
-        self.seen_pids.update(w["pid"] for w in found["workers"] if w["pid"])
+        self.seen_pids.update(w["pid"] for w in found["workers"] if w.get("pid"))
         return found
 
     def wait_pool(self, predicate, timeout: float, what: str, app: str = "acme/shop",

@@ -66,7 +66,7 @@ def capacity_block(walk: Walk, node: Any, path: str, line: int | None, *, for_no
     capacity = Capacity(
         probe=probe,
         interval=walk.value(m, "interval", path, _positive_duration, d.interval),
-        max_age=walk.value(m, "max_age", path, duration, d.max_age),
+        max_age=walk.value(m, "max_age", path, _age, d.max_age),
         limit=walk.value(m, "limit", path, integer(1, 1_000_000), None),
         wait=walk.value(m, "wait", path, duration, d.wait),
         block=dict(m),
@@ -86,7 +86,7 @@ def capacity_block(walk: Walk, node: Any, path: str, line: int | None, *, for_no
         url = walk.value(m, "url", path, _url, None)
         secret_file = walk.value(m, "secret_file", path, absolute_path, None)
         for name, value in (("url", url), ("secret_file", secret_file)):
-            if value is None and name not in m:
+            if value is None and m.get(name) is None:  # (absent or null: a bad value was said already)
                 walk.error(f"{path}.{name}", line, "missing: a registry probe needs a url and a secret_file")
         return _replace(capacity, url=url, secret_file=secret_file,
                         key_file=walk.value(m, "key_file", path, absolute_path, None),
@@ -94,7 +94,7 @@ def capacity_block(walk: Walk, node: Any, path: str, line: int | None, *, for_no
                         max_skew=walk.value(m, "max_skew", path, duration, d.max_skew))
     if probe == "custom":
         cls = walk.value(m, "class", path, _class_name, None)
-        if cls is None and "class" not in m:
+        if cls is None and m.get("class") is None:
             walk.error(f"{path}.class", line, 'missing: a custom probe names its class ("module:Class")')
         return _replace(capacity, cls=cls)
     return capacity
@@ -116,7 +116,7 @@ def nodes_list(walk: Walk, node: Any, path: str, line: int | None, default: Capa
             continue
         url = walk.value(m, "url", ipath, _node_url, None)
         if url is None:
-            if "url" not in m:
+            if m.get("url") is None:
                 walk.error(f"{ipath}.url", iline, "missing: a node is an HTTP upstream (url: http://HOST:PORT)")
             continue
         host, port, text = url
@@ -143,7 +143,7 @@ def registry_section(walk: Walk, server: dict[Any, Any]) -> Registry | None:
         return None
     secret_file = walk.value(m, "secret_file", "server.registry", absolute_path, None)
     if secret_file is None:
-        if "secret_file" not in m:
+        if m.get("secret_file") is None:
             walk.error("server.registry.secret_file", line, "missing: the registry is signed with a secret")
         return None
     return Registry(secret_file, ttl=walk.value(m, "ttl", "server.registry", _positive_duration, 10.0),
@@ -163,6 +163,13 @@ def _positive_duration(value: Any) -> float:
     if seconds <= 0:
         raise ValueError(f"{kind(value)} must be more than 0")
     return seconds
+
+
+def _age(value: Any) -> float:
+    """A reading's ``max_age``: a duration, or 0 (the number, or "0s"): believed until replaced."""
+    if (isinstance(value, int) and not isinstance(value, bool) and value == 0) or value in ("0", "0s", "0ms"):
+        return 0.0
+    return duration(value)
 
 
 def _url(value: Any) -> str:

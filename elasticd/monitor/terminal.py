@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["bar", "render_population", "render_watch", "sparkline"]
+__all__ = ["bar", "capacity_text", "render_nodes", "render_population", "render_watch", "sparkline"]
 
 _FULL, _EMPTY = "█", "·"
 _TICKS = "▁▂▃▄▅▆▇█"
@@ -25,6 +25,30 @@ def sparkline(values: Sequence[float], width: int = 30) -> str:
     return "".join(_TICKS[min(int(max(v, 0.0) * len(_TICKS)), len(_TICKS) - 1)] for v in values[-width:])
 
 
+def capacity_text(capacity: dict[str, Any] | None) -> str:
+    """A worker's or node's capacity (``GET …/pool``'s ``capacity``): its tightest fresh reading and its age,
+    FULL while it refuses, or why there is none; "-" without a capacity block."""
+    if not capacity:
+        return "-"
+    readings = capacity.get("readings") or []
+    if not readings:
+        state = capacity.get("state")
+        return f"{capacity['probe']}: no reading" + (f" ({state})" if state and state not in ("ok", "new") else "")
+    r = max(readings, key=lambda r: (r.get("retry_after") is not None, r["used"] / r["limit"] if r["limit"] else 1))
+    text = f"{r['used']:g}/{r['limit']:g} {r['source']} {r['age']:.1f}s ago"
+    if capacity.get("full"):
+        text += f" FULL (retry {capacity.get('retry_after')}s)"
+    return text
+
+
+def render_nodes(name: str, group: dict[str, Any]) -> list[str]:
+    """A nodes: group: HTTP upstreams routed, sticky and admitted like workers, never spawned."""
+    rows = [[n["id"], n["address"], "routable" if n["routable"] else "unreachable", str(n["open"]), str(n["users"]),
+             capacity_text(n.get("capacity"))] for n in group["workers"]]
+    return [f"group {name}: {len(rows)} node{'s' if len(rows) != 1 else ''} (not started by elasticd)",
+            *_table(["NODE", "ADDRESS", "STATE", "OPEN", "USERS", "CAPACITY"], rows)]
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
@@ -39,6 +63,10 @@ def render_watch(data: dict[str, Any], at: str, interval: float, bar_width: int 
     """One screen of the pool of ``data`` (``GET /v1/apps/…/pool``'s document), stamped ``at``."""
     out = [f"{data['tenant']}/{data['app']}   {at}   every {interval:g}s   Ctrl-C quits", ""]
     for name, group in data["groups"].items():
+        if group.get("nodes"):
+            out.extend("  " + line if i else line for i, line in enumerate(render_nodes(name, group)))
+            out.append("")
+            continue
         book, t = group["ledger"], group["thresholds"]
         out.append(f"group {name}: {len(group['workers'])} workers (min {t['min_workers']}, max "
                    f"{t['max_workers'] or 'unbounded'})   C={book['C']:.2f} O={book['O']:.2f} H={book['H']:.2f} "
@@ -51,9 +79,10 @@ def render_watch(data: dict[str, Any], at: str, interval: float, bar_width: int 
             components = " ".join(f"{k} {bar(v, 5)} {v:4.0%}" for k, v in sorted(w["components"].items()))
             rps = f"{w['rates']['rps']:.1f}" if w["rates"] else "-"
             rows.append([w["id"], w["state"], _role(w), f"{bar(w['occupancy'], bar_width)} {w['occupancy']:4.0%}",
-                         components or "-", sparkline(w["history"]), rps, str(len(w["users"]))])
+                         components or "-", sparkline(w["history"]), rps, str(len(w["users"])),
+                         capacity_text(w.get("capacity"))])
         out.extend("  " + line for line in _table(
-            ["WORKER", "STATE", "ROLE", "OCCUPANCY", "COMPONENTS", "HISTORY", "RPS", "USERS"], rows))
+            ["WORKER", "STATE", "ROLE", "OCCUPANCY", "COMPONENTS", "HISTORY", "RPS", "USERS", "CAPACITY"], rows))
         for m in group.get("moves", []):
             out.append(f"  moving {m['user']} from {m['from']} to {m['to']}: {m['step']} for {m['seconds']:.1f}s")
         for d in group["decisions"][-5:]:
