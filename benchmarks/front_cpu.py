@@ -2,6 +2,7 @@
 kernel and the event loop.
 
     .venv/bin/python benchmarks/front_cpu.py [--requests 60000] [--rounds 6] [--repo PATH ...] [--compiled]
+                                             [--probe]
 
 One client connection and one pooled worker connection, both on fake transports: a request's bytes go into
 the client side, the worker's answer's bytes into the worker side, and that is repeated, with the quota,
@@ -12,6 +13,10 @@ printed; ``--compiled`` adds each checkout's front compiled with mypyc (setup.py
 into a temporary copy). On a shared machine front_bench.py's figures drift by several percent between runs;
 these do much less, which is what a change of a few per cent needs. The kernel's part (the two sends, the two reads and
 epoll, about 6 µs a request here) is measured by front_bench.py against nginx, not here.
+
+``--probe`` adds each user with capacity admission at work (issue 16): the group's reception has a capacity
+reading that says it is full, so every request is admitted past it — the front reads the cached refusal and
+never a probe (the probes poll on their own timer).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ USER = "0123456789abcdef0123456789abcdef"
 _ONE_RUN = r'''
 import asyncio, sys, time
 sys.path.insert(0, sys.argv[1])
-N, RETURNING = int(sys.argv[2]), sys.argv[3] == "returning"
+N, RETURNING, PROBE = int(sys.argv[2]), sys.argv[3] == "returning", sys.argv[5] == "probe"
 try:
     from elasticd.config.model import Address, Quotas
 except ImportError:  # a checkout from before config/ was a package
@@ -56,13 +61,16 @@ class Transport:
     def can_write_eof(self): return True
 
 async def main():
-    upstreams = [Upstream("bench", "/nonexistent.sock")]
+    # With a probe: the reception ("full") says it is full, so every request is admitted past it to "bench".
+    upstreams = ([Upstream("full", "/nonexistent-full.sock")] if PROBE else []) + [Upstream("bench", "/nonexistent.sock")]
     front = Front(Address("127.0.0.1", 0), RouteTable({"bench.localhost": AppRoute("acme", "shop", "green")}),
                   lambda tenant, app, group: upstreams,
                   quotas={"acme": Quotas(max_concurrent_requests=10_000, requests_per_second=1e9, burst=10_000_000)})
     front.surface.assign(USER, "bench", front.clock())
+    if PROBE:
+        front.full["full"] = (float("inf"), 1, 1.0)
     books = getattr(front, "forwards", None) or getattr(front, "accounting")
-    pool = Pool(upstreams[0], books.worker("bench"))
+    pool = Pool(upstreams[-1], books.worker("bench"))
     front._pools["bench"] = pool
     worker = upstream.UpstreamConn(pool)
     worker.connection_made(Transport())
@@ -84,8 +92,8 @@ asyncio.run(main())
 '''
 
 
-def measure(repo: Path, requests: int, who: str) -> float:
-    out = subprocess.run([sys.executable, "-c", _ONE_RUN, str(repo), str(requests), who, USER], check=True,
+def measure(repo: Path, requests: int, who: str, probe: str = "none") -> float:
+    out = subprocess.run([sys.executable, "-c", _ONE_RUN, str(repo), str(requests), who, USER, probe], check=True,
                          capture_output=True, text=True, timeout=300).stdout
     return float(out.strip())
 
@@ -96,6 +104,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=6, help="measurements per checkout and user (default 6)")
     parser.add_argument("--repo", type=Path, action="append", help="a checkout to measure (default: this one)")
     parser.add_argument("--compiled", action="store_true", help="also each checkout's front compiled with mypyc")
+    parser.add_argument("--probe", action="store_true", help="also with a capacity reading refusing the reception")
     args = parser.parse_args()
     repos = args.repo or [REPO]
     with tempfile.TemporaryDirectory(prefix="front-cpu-") as where:
@@ -107,14 +116,17 @@ def main() -> int:
 
 
 def report(repos: list[Path], args: argparse.Namespace) -> None:
-    figures: dict[tuple[Path, str], list[float]] = {}
+    figures: dict[tuple[Path, str, str], list[float]] = {}
+    probes = ("none", "probe") if args.probe else ("none",)
     for _ in range(args.rounds):
         for repo in repos:
             for who in ("new", "returning"):
-                figures.setdefault((repo, who), []).append(measure(repo, args.requests, who))
+                for probe in probes:
+                    figures.setdefault((repo, who, probe), []).append(measure(repo, args.requests, who, probe))
     print(f"the front's own CPU per request, µs (no socket; {args.requests} requests, {args.rounds} rounds)")
-    for (repo, who), values in figures.items():
-        print(f"  {repo!s:40} {who:9} min {min(values):5.2f}  median {statistics.median(values):5.2f}")
+    for (repo, who, probe), values in figures.items():
+        label = f"{who} {'+ full reading' if probe == 'probe' else ''}"
+        print(f"  {repo!s:40} {label:25} min {min(values):5.2f}  median {statistics.median(values):5.2f}")
 
 
 if __name__ == "__main__":

@@ -282,8 +282,18 @@ def test_two_daemons_a_node_group_reads_the_hosts_signed_registry_and_refuses_fo
         _wait(lambda: capacity()["state"] == "ok", "the snapshot accepted")
         reading = capacity()["readings"][0]
         assert reading["source"] == "registry" and reading["limit"] == 8 and reading["used"] == 0
-        status, body, cookie = browse(edge, "/counter")  # through the edge's front to the host's worker
-        assert status == 200 and json.loads(body)["worker"] == "acme.shop.green.1"
+        conn = http.client.HTTPConnection("127.0.0.1", edge.port, timeout=10)
+        conn.request("GET", "/counter", headers={"Host": "shop.localhost"})  # through the edge to the host's worker
+        response = conn.getresponse()
+        body = response.read().decode()
+        cookies = response.msg.get_all("Set-Cookie") or []
+        conn.close()
+        assert response.status == 200 and json.loads(body)["worker"] == "acme.shop.green.1"
+        # One id across the tier: the edge's first request to the node carries the id it gave, so the host's
+        # front sets no cookie of its own (two, and a browser would keep the last).
+        assert len(cookies) == 1, cookies
+        cookie = cookies[0].split("elastic_uid=")[1].split(";")[0]
+        assert json.loads(body)["user"] == cookie
         status, body, _ = browse(edge, "/counter", cookie)
         assert status == 200 and json.loads(body)["count"] == 2, body  # sticky on both hosts
         shown = edge.ctl("pool", "acme/shop")

@@ -288,6 +288,11 @@ class ClientRelay:
         """``ex`` has its worker connection: the head, with whatever body already came, as one write."""
         assert ex.user is not None
         parts = http1.upstream_head(ex.method, ex.url, ex.head, peer, ex.user.encode())
+        if ex.cookie_line and ex.worker is not None and "@" in ex.worker:
+            # A new user's first request to a node (``config.model.node_id``: another host's elasticd front, say)
+            # carries the id it was just given: that front knows the user by the same id, and sets no cookie of
+            # its own (a browser would keep whichever Set-Cookie came last, and lose the first request's state).
+            parts.insert(4, b"Cookie: elastic_uid=" + ex.user.encode() + b"\r\n")
         if ex.body or not ex.body_done or self.upgrading is ex:
             self._body_parts(ex, parts)
         else:
