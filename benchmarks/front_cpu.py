@@ -62,7 +62,9 @@ class Transport:
 
 async def main():
     # With a probe: the reception ("full") says it is full, so every request is admitted past it to "bench".
-    upstreams = ([Upstream("full", "/nonexistent-full.sock")] if PROBE else []) + [Upstream("bench", "/nonexistent.sock")]
+    upstreams = [Upstream("bench", "/nonexistent.sock")]
+    if PROBE:
+        upstreams.insert(0, Upstream("full", "/nonexistent-full.sock"))
     front = Front(Address("127.0.0.1", 0), RouteTable({"bench.localhost": AppRoute("acme", "shop", "green")}),
                   lambda tenant, app, group: upstreams,
                   quotas={"acme": Quotas(max_concurrent_requests=10_000, requests_per_second=1e9, burst=10_000_000)})

@@ -214,7 +214,7 @@ class RegistryProxy:
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 body, signature = proxy.answer(self.headers.get("Authorization"))
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")

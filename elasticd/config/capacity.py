@@ -50,7 +50,7 @@ def capacity_block(walk: Walk, node: Any, path: str, line: int | None, *, for_no
     if "probe" in m and "type" in m:
         walk.error(f"{path}.type", walk.key_line(m, "type"), "is an alias of probe: give one of them")
     key = "probe" if "probe" in m else "type"
-    probe = m.get(key, "inflight")
+    probe = m.get(key) if m.get(key) is not None else "inflight"  # (null: the default, as for any key)
     if probe not in PROBE_KINDS:
         walk.error(join(path, key), walk.key_line(m, key) or line,
                    f"{kind(probe)} is not a kind of probe (expected one of: {', '.join(PROBE_KINDS)})")
@@ -61,7 +61,7 @@ def capacity_block(walk: Walk, node: Any, path: str, line: int | None, *, for_no
         for k in m:
             if k not in allowed:
                 walk.error(join(path, k), walk.key_line(m, k),
-                           f"unknown key for a {probe} probe (expected one of: {', '.join(allowed)})")
+                           f"unknown key for {probe} probes (expected one of: {', '.join(allowed)})")
     d = Capacity()
     capacity = Capacity(
         probe=probe,
@@ -104,8 +104,8 @@ def nodes_list(walk: Walk, node: Any, path: str, line: int | None, default: Capa
     """``nodes:``: a non-empty list of ``{url, name?, capacity?}``; ``default``: the group's own capacity block,
     for the nodes that have none."""
     if not isinstance(node, list) or not node:
-        walk.error(path, line, f"must be a non-empty list of nodes ({{url: http://HOST:PORT}}), not "
-                               f"{kind(node) if node is not None else 'missing'}")
+        what = "an empty list" if node == [] else kind(node) if node is not None else "missing"
+        walk.error(path, line, f"must be a non-empty list of nodes ({{url: http://HOST:PORT}}), not {what}")
         return ()
     nodes: list[Node] = []
     seen: set[str] = set()

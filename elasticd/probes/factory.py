@@ -49,6 +49,8 @@ def probe_class(config: Capacity) -> type[Probe] | None:
     except Exception as exc:  # an import runs the module: anything can fail in it
         raise ProbeError(f"custom probe {name}: cannot import {module_name}: {type(exc).__name__}: {exc}") from None
     cls = getattr(module, class_name, None)
+    if cls is Probe:
+        raise ProbeError(f"custom probe {name}: that is the base class, which polls nothing: name a subclass")
     if not isinstance(cls, type) or not issubclass(cls, Probe):
         raise ProbeError(f"custom probe {name}: {class_name} in {module_name} is not a subclass of "
                          "elasticd.probes.probe.Probe")

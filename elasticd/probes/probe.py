@@ -81,6 +81,7 @@ class Probe:
         self._timer: asyncio.TimerHandle | None = None
         self._polling: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._closing: asyncio.Task[None] | None = None  # the session's close, which stop starts
 
     @property
     def node(self) -> str:
@@ -119,8 +120,8 @@ class Probe:
             polling = self._polling
             # The session closes once the poll in flight ends (closing it now would cut that poll short: its
             # answer must still arrive, to be ignored).
-            watch(asyncio.get_running_loop().create_task(_close_after(session, polling)), log,
-                  f"closing the capacity probe of {self.node}")
+            self._closing = watch(asyncio.get_running_loop().create_task(_close_after(session, polling)), log,
+                                  f"closing the capacity probe of {self.node}")
 
     async def aclose(self) -> None:
         """Stop, and wait for the poll in flight and the HTTP session (the daemon's shutdown)."""
@@ -129,6 +130,8 @@ class Probe:
         if polling is not None and not polling.done():
             polling.cancel()
             await asyncio.gather(polling, return_exceptions=True)
+        if self._closing is not None:
+            await asyncio.gather(self._closing, return_exceptions=True)
 
     # ------------------------------------------------------------------ what a subclass implements and calls
 
@@ -185,6 +188,8 @@ class Probe:
         self._polling = asyncio.get_running_loop().create_task(self._run_poll())
 
     async def _run_poll(self) -> None:
+        if self.is_stopped:
+            return  # stopped before this poll began (start then stop in one go): no request, no session to leak
         try:
             await self.poll()
         except asyncio.CancelledError:

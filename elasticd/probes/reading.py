@@ -51,8 +51,9 @@ class Reading:
         return min(max(self.used / self.limit, 0.0), 1.0)
 
     def deadline(self, max_age: float) -> float:
-        """When it stops being believed (``math.inf``: never, ``max_age`` 0 and no ``expires_at``)."""
-        end = self.at + max_age if max_age > 0 else math.inf
+        """When it stops being believed (``math.inf``: never, ``max_age`` 0 and no ``expires_at``). A back-off ends
+        when it said it would: ``max_age`` is how long a measurement may grow old, and a back-off is none."""
+        end = self.at + max_age if max_age > 0 and self.retry_after is None else math.inf
         return end if self.expires_at is None else min(end, self.expires_at)
 
     def fresh(self, now: float, max_age: float) -> bool:

@@ -164,7 +164,7 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
                     quota.leave()
                 _, retry_after, wait = full[entry.worker]
                 return Room(entry.worker, retry_after, wait)
-            if not roomy:
+            if not roomy and _kept(entry, kept, unroutable) is None:  # (a pinned user is served where it waits)
                 if quota is not None:
                     quota.leave()
                 refused = [full[w.worker_id] for w in workers]
