@@ -5,7 +5,8 @@ Routes: ``/``, ``/cpu?ms=``, ``/mem?mb=``, ``/mem/free``, ``/sleep?ms=``, ``/for
 ``/echo`` (``?raw=1`` streams the body back), ``/ws`` (a WebSocket echo), ``/login?name=``, ``/logout``,
 ``/counter`` (this user's in-process counter as JSON: the state a live move carries), ``/blocking?ms=``
 (a blocking call in the library's executor: its queue is the report's ``queue_depth``), ``/pages?n=``
-(this user now has n pages open, as an app reports them to the sensor). It holds
+(this user now has n pages open, as an app reports them to the sensor), ``/metrics`` (its own requests in
+flight, under vLLM's metric names: what a ``capacity: {probe: prometheus}`` block reads, whoever sent them). It holds
 what it takes (memory, children) until told or until it exits: a limit is only proven by something that stays.
 """
 
@@ -210,13 +211,38 @@ async def pages(request: web.Request) -> web.Response:
     return _json({"user": user, "pages": n})
 
 
+_in_flight = 0  # requests being handled now (the middleware's count), /metrics included
+
+
+@web.middleware
+async def _count_in_flight(request: web.Request, handler: Any) -> web.StreamResponse:
+    global _in_flight
+    _in_flight += 1
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    finally:
+        _in_flight -= 1
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """The requests this process has in flight (this one not counted), as an inference server exports its queue:
+    a capacity probe reads it whether the requests came through the front or straight to the socket."""
+    running = _in_flight - 1
+    return web.Response(text=f"# HELP vllm:num_requests_running Requests being handled now.\n"
+                             f"# TYPE vllm:num_requests_running gauge\n"
+                             f'vllm:num_requests_running{{worker="{WORKER}"}} {running}\n'
+                             f"# TYPE vllm:num_requests_waiting gauge\n"
+                             f'vllm:num_requests_waiting{{worker="{WORKER}"}} 0\n', content_type="text/plain")
+
+
 def make_app() -> web.Application:
-    app = web.Application()
+    app = web.Application(middlewares=[_count_in_flight])
     app.add_routes([web.get("/", index), web.get("/cpu", cpu), web.get("/mem", mem),
                     web.get("/mem/free", mem_free), web.get("/sleep", sleep), web.get("/fork", fork),
                     web.get("/io", io), web.route("*", "/echo", echo), web.get("/ws", ws), web.get("/login", login),
                     web.get("/logout", logout), web.get("/counter", counter), web.get("/blocking", blocking),
-                    web.get("/pages", pages)])
+                    web.get("/pages", pages), web.get("/metrics", metrics)])
     # The occupancy sensor and its channel (elasticd.worker), unless asked to be sensed from outside like a
     # worker in any language would be (DEMO_SENSORLESS=1).
     if os.environ.get("ELASTIC_CHANNEL") and os.environ.get("DEMO_SENSORLESS") != "1":

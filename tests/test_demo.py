@@ -125,6 +125,23 @@ def test_sleep(demo: DemoWorker) -> None:
     assert time.monotonic() - start >= 0.1
 
 
+def test_metrics_export_the_requests_in_flight_under_vllms_names(demo: DemoWorker) -> None:
+    from elasticd.probes.exposition import DEFAULT_RUNNING, DEFAULT_WAITING, used_of
+
+    async def two_sleeping_then_metrics() -> str:
+        sleeping = [asyncio.ensure_future(get(demo, "/sleep?ms=1500")) for _ in range(2)]
+        await asyncio.sleep(0.5)
+        status, text = await get(demo, "/metrics")
+        assert status == 200
+        await asyncio.gather(*sleeping)
+        return text
+
+    text = asyncio.run(two_sleeping_then_metrics())
+    assert 'vllm:num_requests_running{worker="w9"} 2' in text, text  # (the /metrics request itself not counted)
+    assert used_of(text, DEFAULT_RUNNING, DEFAULT_WAITING) == 2
+    assert used_of(call(demo, "/metrics")[1], DEFAULT_RUNNING, DEFAULT_WAITING) == 0
+
+
 def test_fork_keeps_children(demo: DemoWorker) -> None:
     status, body = call(demo, "/fork?n=3")
     assert status == 200

@@ -42,6 +42,7 @@ sys.dont_write_bytecode = True  # nothing written into the host's share but resu
 
 from accounting import s_accounting  # noqa: E402 (after the line above, on purpose)
 from blue_green import s_blue_green  # noqa: E402
+from capacity import s_capacity  # noqa: E402
 from common import SUITE_APPS, Failed, Scenario, say  # noqa: E402
 from elastic_pool import s_pool  # noqa: E402
 from enforcement import (  # noqa: E402
@@ -88,6 +89,8 @@ SCENARIOS: list[tuple[str, str, Scenario]] = [
     ("16-blue-green", "a default_group switch on reload keeps placed users on green while new ones go to blue; green "
      "empties as they log out and stops at zero; a min_workers 0 app cold-starts on its first request and goes "
      "back to zero when idle", s_blue_green),
+    ("17-capacity", "work sent straight to the reception's socket makes its own /metrics read full: new users go to "
+     "the other worker, none to it, until its reading has room again; the signed /v1/registry verifies", s_capacity),
 ]
 
 

@@ -153,24 +153,23 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
         stats.answered(503)
         return Refuse(503, f"{route}: no worker available", 1)
     if full:
-        # Admission (seed 001): a worker whose own reading says it is full takes nothing, whatever the front
-        # counts open on it. A new user goes to one with room; a user stuck to a full one waits for room there.
-        # A reading never admits what was refused otherwise: only the routable are looked at.
-        roomy = [w for w in workers if _room(full, w.worker_id, now)]
-        if len(roomy) != len(workers):
-            if entry is not None and entry.worker and not _room(full, entry.worker, now) and entry.group == group \
-                    and any(w.worker_id == entry.worker for w in workers):
+        # Admission (seed 001): a worker whose own reading says it is full takes nothing, whatever the front counts
+        # open on it. A user stuck to a full one waits for room there (its state lives there); a user to be placed
+        # is placed among those with room (``_roomy``). A reading never admits what was refused otherwise: only the
+        # routable are looked at. A returning user whose worker has room pays one dict lookup.
+        if entry is not None and entry.worker:
+            refused = full.get(entry.worker)
+            if refused is not None and refused[0] > now and any(w.worker_id == entry.worker for w in workers):
                 if quota is not None:
                     quota.leave()
-                _, retry_after, wait = full[entry.worker]
-                return Room(entry.worker, retry_after, wait)
-            if not roomy and _kept(entry, kept, unroutable) is None:  # (a pinned user is served where it waits)
+                return Room(entry.worker, refused[1], refused[2])
+        elif entry is None:
+            admitted = _roomy(full, now, workers, route, group)
+            if isinstance(admitted, Room):
                 if quota is not None:
                     quota.leave()
-                refused = [full[w.worker_id] for w in workers]
-                return Room(f"{route.tenant}/{route.app}/{group}", min(r[1] for r in refused),
-                            max(r[2] for r in refused))
-            workers = roomy
+                return admitted
+            workers = admitted
     if counted:
         if counted is DEFAULT:  # (most of them, every cookieless request: counted per app, no tuple made)
             defaults = stats.defaults
@@ -196,8 +195,24 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
             entry.seen = now
             return (keeping, user, entry, b"", quota, group)
     # New on the surface, or its worker went: (re-)placed in its group.
+    if full:
+        admitted = _roomy(full, now, workers, route, group)
+        if isinstance(admitted, Room):  # (its group choice, counted above, is counted again when it goes: rare)
+            if quota is not None:
+                quota.leave()
+            return admitted
+        workers = admitted
     worker = _placed(place(user, surface, workers), workers)
     return (worker, user, surface.assign(user, worker.worker_id, now, group, route.label), b"", quota, group)
+
+
+def _roomy(full: Full, now: float, workers: Sequence[W], route: AppRoute, group: str) -> Sequence[W] | Room:
+    """The workers a user may be placed on: those with room; a ``Room`` for the group when none has."""
+    roomy = [w for w in workers if (refused := full.get(w.worker_id)) is None or refused[0] <= now]  # (_room)
+    if roomy:
+        return roomy if len(roomy) != len(workers) else workers
+    refusals = [full[w.worker_id] for w in workers]
+    return Room(f"{route.tenant}/{route.app}/{group}", min(r[1] for r in refusals), max(r[2] for r in refusals))
 
 
 def _room(full: Full, worker: str, now: float) -> bool:
