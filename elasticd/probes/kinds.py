@@ -27,8 +27,11 @@ class PrometheusProbe(Probe):
         super().__init__(target, config, sink, **options)
         self.url = config.url or (f"{target.url.rstrip('/')}{config.path}" if target.url
                                   else f"http://localhost{config.path}")
-        self.running = config.running or DEFAULT_RUNNING
-        self.waiting = config.waiting or DEFAULT_WAITING
+        # The seed's engines' names unless the block names its own (then only those: an app's own gauge is not
+        # summed with a vLLM queue it does not have).
+        named = bool(config.running or config.waiting)
+        self.running = config.running or (() if named else DEFAULT_RUNNING)
+        self.waiting = config.waiting or (() if named else DEFAULT_WAITING)
 
     async def poll(self) -> None:
         status, body, _ = await self.fetch(self.url, {"Accept": "text/plain"})

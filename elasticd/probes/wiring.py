@@ -23,12 +23,13 @@ GroupKey = tuple[str, str, str]
 
 
 class CapacityWiring:
-    __slots__ = ("_config", "_front", "_supervisor", "nodes", "state")
+    __slots__ = ("_config", "_front", "_supervisor", "_turn", "nodes", "state")
 
     def __init__(self, front: Front, pool: PoolManager, supervisor: Supervisor) -> None:
         self._front = front
         self._supervisor = supervisor
         self._config: Config | None = None
+        self._turn = 0  # where the next new user of a nodes: group starts looking (ties go round)
         self.state = CapacityState(front.full, front.room, pool.on_capacity)
         front.on_backoff = lambda worker, value, now: self.state.backoff(worker, value)
         # A nodes: group's upstreams, in the config's order (the first is where new users go while it has room).
@@ -71,7 +72,7 @@ class CapacityWiring:
     def place(self, user: str | None, surface: Surface, routable: Sequence[RoutableWorker]) -> str:
         """The front's placement of a new (or re-placed) user: a worker group's reception (the pool places at
         login from there); for a nodes: group, which has no pool, the node with the most room — the least of
-        its open requests over its limit, or its own reading when that says more."""
+        its open requests over its limit, or its own reading when that says more (ties in turn)."""
         if not routable or "@" not in routable[0].worker_id:
             return place(user, surface, routable)
         open_by = self._front.forwards.open_by_worker()
@@ -83,7 +84,10 @@ class CapacityWiring:
             measured = open_by.get(wid, 0) / limits.get(wid, self._concurrency(wid))
             return max(measured, reading.ratio) if reading is not None else measured
 
-        return min(routable, key=load).worker_id
+        # Ties (idle nodes, a sequential client) are broken in turn, so new users spread over the nodes rather
+        # than all landing on the first until it is busy.
+        self._turn = turn = (self._turn + 1) % len(routable)
+        return min((*routable[turn:], *routable[:turn]), key=load).worker_id
 
     def _concurrency(self, node: str) -> int:
         tenant, app, rest = node.split(".", 2)
