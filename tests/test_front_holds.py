@@ -99,6 +99,28 @@ def test_holds_keep_each_users_requests_in_order_and_say_who_waited_too_long():
     assert holds.release(USER) == [] and USER not in holds and len(holds) == 1
 
 
+
+@pytest.mark.parametrize(("before", "released", "left", "since"), [
+    (1.0, [], ["conn1", "conn2", "conn3"], 1.0),  # none held before 1.0
+    (1.5, ["conn1"], ["conn2", "conn3"], 2.0),  # each waits its own time: the later ones stay
+    (3.0, ["conn1", "conn2"], ["conn3"], 3.0),
+    (9.0, ["conn1", "conn2", "conn3"], [], None),  # all of them: the key is gone
+])
+def test_release_older_lets_each_request_wait_its_own_time(before, released, left, since):
+    holds: Holds[str] = Holds()
+    for n, at in enumerate((1.0, 2.0, 3.0), 1):
+        holds.hold("w1", f"conn{n}", Exchange(), at)
+    assert [conn for conn, _ in holds.release_older("w1", before)] == released
+    assert [conn for conn, _ in holds.release("w1")] == left if left else "w1" not in holds
+    if since is not None:  # the key's first request is the oldest still held
+        again: Holds[str] = Holds()
+        for n, at in enumerate((1.0, 2.0, 3.0), 1):
+            again.hold("w1", f"conn{n}", Exchange(), at)
+        again.release_older("w1", before)
+        assert again.overdue(since + 0.5, 0.4) == ["w1"] and again.overdue(since + 0.3, 0.4) == []
+    assert holds.release_older("nobody", 5.0) == []
+
+
 # ------------------------------------------------------------------ the front, over sockets
 
 

@@ -10,6 +10,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -516,3 +517,73 @@ async def test_registry_refusals_forget_the_reading(rig: Rig, tmp_path, caplog) 
     states = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     for state in ("bad signature", "stale", "from the future", "replayed"):  # each said once, on its change
         assert sum(f": {state}" in m for m in states) == 1, (state, states)
+
+
+# -- a source that is a tenant's process: bounded, and numbers that are no reading refused ------------------------
+
+
+async def test_an_answer_too_big_or_too_slow_is_refused_not_waited_for(rig: Rig, monkeypatch) -> None:
+    import elasticd.probes.probe as probe_module
+
+    async def flood(request: web.Request) -> web.Response:
+        return web.Response(body=b"vllm:num_requests_running 1\n" + b"#" * 5000 + b"\n", content_type="text/plain")
+
+    async def trickle(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for _ in range(40):  # a byte every 0.1 s: each read is in time, the whole answer is not
+            await response.write(b"#")
+            await asyncio.sleep(0.1)
+        return response
+
+    monkeypatch.setattr(probe_module, "MAX_BODY", 4096)
+    monkeypatch.setattr(probe_module, "READ_TIMEOUT", 0.5)
+    monkeypatch.setattr(probe_module, "CONNECT_TIMEOUT", 0.2)
+    base = await rig.serve({"/flood": flood, "/trickle": trickle})
+    big, slow = Sink(), Sink()
+    flooded = rig.start(PrometheusProbe(target(url=base), prometheus(5.0, path="/flood"), big))
+    trickled = rig.start(PrometheusProbe(target(url=base), prometheus(5.0, path="/trickle"), slow))
+    await until(lambda: flooded.state == "too big", what="the flood refused")
+    started = time.monotonic()
+    await until(lambda: trickled.state == "unreachable", timeout=3.0, what="the trickle timed out")
+    assert time.monotonic() - started < 1.5  # the whole answer's 0.7 s, not the trickle's 4 s
+    assert big.sets() == [] and slow.sets() == []
+
+
+@pytest.mark.parametrize(("used", "limit"), [
+    (float("inf"), 4.0), (1.0, float("nan")), (-1.0, 4.0), (1.0, -4.0), (True, 4.0), ("3", 4.0),
+])
+async def test_numbers_that_are_no_reading_are_refused(used: Any, limit: Any) -> None:
+    sink = Sink()
+    probe = Probe(target(), Capacity(probe="custom", cls="x:Y"), sink)
+    assert probe.report(used, limit) is False
+    assert probe.state == "malformed" and sink.sets() == [] and sink.forgets() == [(NODE, "custom")]
+    assert probe.report(1, 4) is True and sink.readings[NODE].used == 1.0
+
+
+async def test_a_custom_probe_without_a_source_forgets_only_its_own_reading() -> None:
+    sink = Sink()
+    probe = Probe(target(), Capacity(probe="custom", cls="x:Y"), sink)
+    probe.report(1, 4)
+    probe.forget("unreachable")
+    assert sink.forgets() == [(NODE, "custom")]  # never None: a back-off of another source stays
+
+
+async def test_the_registry_secret_is_read_again_at_each_poll(rig: Rig, tmp_path) -> None:
+    page = RegistryPage(lambda: APPS)
+    page.publisher = Publisher(SECRET, None, TTL, "host2")
+    app = web.Application()
+    page.add_routes(app)
+    base = await rig.serve(app)
+    config = registry(tmp_path, f"{base}/v1/registry")
+    sink = Sink()
+    probe = rig.start(RegistryProbe(target(), config, sink))
+    await until(lambda: probe.state == "ok", what="accepted")
+    page.publisher = Publisher(b"n" * 32, None, TTL, "host2")  # rotated on the publisher: not yet here
+    await until(lambda: probe.state == "bad signature", what="refused with the old secret")
+    assert config.secret_file is not None
+    Path(config.secret_file).write_bytes(b"n" * 32 + b"\n")  # rotated here too: no restart
+    await until(lambda: probe.state == "ok", what="accepted with the new secret")
+    Path(config.secret_file).write_bytes(b"short\n")
+    await until(lambda: probe.state == "no secret", what="a secret too short now")
+    assert NODE not in sink.readings

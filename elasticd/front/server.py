@@ -204,6 +204,12 @@ class Front:
         """The user's open WebSocket tunnels (a live move waits until there are none: moving would cut them)."""
         return sum(1 for conn in list(self.conns) if conn.tunnel_user == user and conn.tunnel is not None)
 
+    def in_flight(self, worker_id: str) -> int:
+        """Requests on their way to or from a worker or node now: its pooled connections that are busy (O(1): a
+        nodes: group's placement reads it for each new user)."""
+        pool = self._pools.get(worker_id)
+        return len(pool.conns) - len(pool.idle) if pool is not None else 0
+
     def open_requests_of(self, user: str) -> int:
         """The user's requests in flight, from the open-requests dict (what a live move quiesces on)."""
         return len(self.forwards.open_of(user))
@@ -275,11 +281,13 @@ class Front:
             if roomy:
                 del self._room_terms[key]
                 self._dispatch_held(self.rooms.release(key), key)
-            elif key in self.rooms.overdue(now, wait):
+                continue
+            overdue = self.rooms.release_older(key, now - wait)  # each request after its own wait
+            if key not in self.rooms:
                 del self._room_terms[key]
+            if overdue:
                 what = f"group {key}: every worker" if "/" in key else f"{key}"
-                self._answer_held(self.rooms.release(key), key, 503,
-                                  f"{what} says it is full (its capacity reading)", retry_after)
+                self._answer_held(overdue, key, 503, f"{what} says it is full (its capacity reading)", retry_after)
 
     def backed_off(self, ex: Exchange) -> None:
         """The answer to ``ex`` was a 429: the probes' shell may read its Retry-After as a back-off."""
@@ -360,7 +368,9 @@ class Front:
         if isinstance(decision, Room):
             ex.advance(EVENT_HOLD)
             self.rooms.hold(decision.key, client, ex, now)
-            self._room_terms.setdefault(decision.key, (decision.retry_after, decision.wait))
+            terms = self._room_terms.get(decision.key)  # the latest wait, the longest Retry-After said
+            self._room_terms[decision.key] = (decision.retry_after if terms is None else
+                                              max(terms[0], decision.retry_after), decision.wait)
             return
         if isinstance(decision, Refuse):
             self._refuse(client, ex, decision.status, decision.text, retry_after=decision.retry_after)

@@ -45,7 +45,16 @@ def open_to(factory: Callable[[], P], address: str) -> Coroutine[Any, Any, tuple
     if address.startswith("/"):
         return loop.create_unix_connection(factory, address)
     host, _, port = address.rpartition(":")
-    return loop.create_connection(factory, host.strip("[]"), int(port))
+    return _tcp(loop.create_connection(factory, host.strip("[]"), int(port)))
+
+
+NODE_CONNECT_TIMEOUT = 2.0  # seconds: a node's host that is off answers nothing, and the kernel waits ~2 minutes
+
+
+async def _tcp(connecting: Coroutine[Any, Any, tuple[asyncio.BaseTransport, P]]) -> tuple[asyncio.BaseTransport, P]:
+    """A node's TCP connect, bounded: one that does not come in time is a failed connect (the node is found dead,
+    the request answered 502), not a request hanging until request_timeout."""
+    return await asyncio.wait_for(connecting, NODE_CONNECT_TIMEOUT)
 
 
 async def probe(path: str, accepting: Callable[[], None]) -> None:

@@ -63,6 +63,16 @@ class RegistryProbe(Probe):
         self.last_accepted: float | None = None
 
     async def poll(self) -> None:
+        # Read again at each poll (two small files): a secret rotated on both hosts, and reloaded there, is the one
+        # in force here too, with no restart. One that cannot be read now forgets the reading, as any failure.
+        config = self.config
+        assert config.secret_file is not None
+        try:
+            self.secret = read_secret_file(config.secret_file)
+            self.key = read_key_file(config.key_file) if config.key_file is not None else None
+        except ValueError as exc:
+            self.forget("no secret", str(exc))
+            return
         headers = {"Accept": "application/json"}
         if self.key is not None:
             headers["Authorization"] = f"Bearer {self.key}"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,7 +37,8 @@ __all__ = ["CONNECT_TIMEOUT", "READ_TIMEOUT", "Probe", "ProbeSink", "ProbeTarget
 log = logging.getLogger("elasticd.probes")
 
 CONNECT_TIMEOUT: Final = 2.0  # seconds to connect to the source
-READ_TIMEOUT: Final = 3.0  # seconds for its answer, once connected
+READ_TIMEOUT: Final = 3.0  # seconds for its whole answer, once connected
+MAX_BODY: Final = 4 << 20  # bytes: a metrics page over this is refused (a tenant's worker answers it: never trusted)
 OK: Final = "ok"
 
 
@@ -84,6 +86,11 @@ class Probe:
         self._closing: asyncio.Task[None] | None = None  # the session's close, which stop starts
 
     @property
+    def closed(self) -> bool:
+        """Stopped, and its HTTP session closed (or it never opened one)."""
+        return self.is_stopped and self._session is None and (self._closing is None or self._closing.done())
+
+    @property
     def node(self) -> str:
         return self.target.node
 
@@ -114,7 +121,7 @@ class Probe:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self.sink.forget(self.node, self.source)
+        self._forget_own()
         session, self._session = self._session, None
         if session is not None:
             polling = self._polling
@@ -139,11 +146,22 @@ class Probe:
         raise NotImplementedError
 
     def report(self, used: float, limit: float, *, at: float | None = None, expires_at: float | None = None) -> bool:
-        """The source's answer: ``used`` of ``limit``. False (and nothing written) once stopped."""
+        """The source's answer: ``used`` of ``limit``. False (and nothing written) once stopped, or when the numbers
+        are no reading (not finite, negative: 1e308 twice sums to inf, and inf is no JSON the registry can sign)."""
         if self.is_stopped:
             return False
-        self.sink.set(self.node, Reading(self.source or "custom", float(used), float(limit),
-                                         self.clock() if at is None else at, expires_at))
+        numbers = (used, limit, *(() if at is None else (at,)), *(() if expires_at is None else (expires_at,)))
+        if not all(isinstance(n, (int, float)) and not isinstance(n, bool) and math.isfinite(n) for n in numbers) \
+                or used < 0 or limit < 0:
+            self.forget("malformed", f"used {used!r} of limit {limit!r} is no reading")
+            return False
+        reading = Reading(self.source or "custom", float(used), float(limit), self.clock() if at is None else at,
+                          expires_at)
+        try:
+            self.sink.set(self.node, reading)
+        except Exception:  # what the reading changes (the front's admission, the pool) failed: said, not a poll's
+            log.exception("capacity of %s: carrying out its reading failed", self.node)
+            return False
         self._state(OK, f"{used:g} of {limit:g}")
         return True
 
@@ -151,22 +169,39 @@ class Probe:
         """The poll failed (``state``: why, e.g. "unreachable"): its reading is dropped. False once stopped."""
         if self.is_stopped:
             return False
-        self.sink.forget(self.node, self.source)
+        self._forget_own()
         self._state(state, detail)
         return True
 
+    def _forget_own(self) -> None:
+        """Only this probe's own source (a custom one with none writes under "custom"): a back-off recorded from a
+        429 outlives a probe that went blind."""
+        try:
+            self.sink.forget(self.node, self.source or "custom")
+        except Exception:
+            log.exception("capacity of %s: carrying out the end of its reading failed", self.node)
+
     async def fetch(self, url: str, headers: Mapping[str, str] | None = None) -> tuple[int, bytes, Mapping[str, str]]:
         """GET ``url`` (on the worker's own socket when the target has one: the URL's host is then only the Host
-        header), with the probe's timeouts: connect 2 s, the answer 3 s."""
+        header), with the probe's timeouts: connect 2 s, then the whole answer in 3 s, and at most ``MAX_BODY``
+        bytes, never decompressed (a source that trickles or floods is refused, not waited for: it is a tenant's
+        process, and the daemon serves every tenant)."""
+        if self.is_stopped:
+            raise _Stopped  # (a custom poll that awaited something first: no session opened after stop)
         if self._session is None:
             connector = (aiohttp.UnixConnector(path=self.target.socket) if self.target.socket is not None
                          else aiohttp.TCPConnector(limit=1, force_close=False))
-            timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT, sock_connect=CONNECT_TIMEOUT,
-                                            sock_read=READ_TIMEOUT)
-            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=True)
-        async with self._session.get(url, headers=dict(headers or {}), allow_redirects=False) as response:
-            body = await response.read()
-            return response.status, body, response.headers
+            timeout = aiohttp.ClientTimeout(total=CONNECT_TIMEOUT + READ_TIMEOUT, connect=CONNECT_TIMEOUT,
+                                            sock_connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+        sent = {"Accept-Encoding": "identity", **(headers or {})}
+        async with self._session.get(url, headers=sent, allow_redirects=False) as response:
+            body = bytearray()
+            while chunk := await response.content.read(65536):
+                body += chunk
+                if len(body) > MAX_BODY:
+                    raise _TooBig(f"the answer of {url} is over {MAX_BODY >> 20} MiB")
+            return response.status, bytes(body), response.headers
 
     # ------------------------------------------------------------------ the timer
 
@@ -185,7 +220,8 @@ class Probe:
             self.skipped += 1  # one poll in flight at a time
             return
         self.polls += 1
-        self._polling = asyncio.get_running_loop().create_task(self._run_poll())
+        self._polling = watch(asyncio.get_running_loop().create_task(self._run_poll()), log,
+                              f"the capacity probe of {self.node}")
 
     async def _run_poll(self) -> None:
         if self.is_stopped:
@@ -194,6 +230,10 @@ class Probe:
             await self.poll()
         except asyncio.CancelledError:
             raise
+        except _Stopped:
+            return
+        except _TooBig as exc:
+            self.forget("too big", str(exc))
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             self.forget("unreachable", _why(exc))
         except Exception as exc:  # a custom probe's bug: said (once per change), and its reading forgotten
@@ -215,6 +255,14 @@ class Probe:
     def describe(self) -> dict[str, Any]:
         return {"kind": self.config.probe, "state": self.state, "interval": self.poll_interval,
                 "polls": self.polls, "skipped": self.skipped}
+
+
+class _Stopped(Exception):
+    """``fetch`` after ``stop``."""
+
+
+class _TooBig(Exception):
+    """An answer over ``MAX_BODY``."""
 
 
 async def _close_after(session: aiohttp.ClientSession, polling: asyncio.Task[None] | None) -> None:

@@ -44,8 +44,8 @@ def source_key(target: ProbeTarget, config: Capacity) -> str:
 
 
 class CapacityState:
-    __slots__ = ("_blocks", "_full", "_mono", "_on_capacity", "_on_room", "_probes", "_said", "_targets", "_timers",
-                 "_wall", "readings")
+    __slots__ = ("_blocks", "_full", "_mono", "_on_capacity", "_on_room", "_probes", "_said", "_stopped", "_targets",
+                 "_timers", "_wall", "readings")
 
     def __init__(self, full: FullMap, on_room: Callable[[str, GroupKey], Any],
                  on_capacity: Callable[[str, GroupKey, float | None], Any], *,
@@ -59,6 +59,7 @@ class CapacityState:
         self._targets: dict[str, ProbeTarget] = {}
         self._blocks: dict[str, Capacity] = {}
         self._probes: dict[str, Probe] = {}
+        self._stopped: list[Probe] = []  # probes a sync stopped, until their HTTP session is closed
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._said: set[tuple[str, str]] = set()  # build failures warned about (once per node and error)
 
@@ -81,6 +82,8 @@ class CapacityState:
                 self._targets[node], self._blocks[node] = target, config
                 self.readings.describe(node, config.max_age)
                 self._build(target, config, sharing)
+            elif config.probed and node not in self._probes:
+                self._build(target, config, sharing)  # it failed to build before: tried again (a reload, a start)
             probe = self._probes.get(node)
             if probe is not None:
                 probe.sharing = sharing.get(source_key(target, config), 1)  # (its next timer uses it)
@@ -103,6 +106,7 @@ class CapacityState:
         probe = self._probes.pop(node, None)
         if probe is not None:
             probe.stop()
+            self._stopped = [p for p in self._stopped if not p.closed] + [probe]  # its session closes later
         target = self._targets.pop(node)
         self._blocks.pop(node, None)
         self.readings.drop(node)
@@ -110,7 +114,8 @@ class CapacityState:
 
     async def aclose(self) -> None:
         """Every probe stopped and its HTTP session closed (the daemon's shutdown)."""
-        probes, self._probes = list(self._probes.values()), {}
+        probes, self._probes = [*self._probes.values(), *self._stopped], {}
+        self._stopped = []
         await asyncio.gather(*(probe.aclose() for probe in probes), return_exceptions=True)
         for timer in self._timers.values():
             timer.cancel()

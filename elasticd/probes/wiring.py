@@ -23,13 +23,14 @@ GroupKey = tuple[str, str, str]
 
 
 class CapacityWiring:
-    __slots__ = ("_config", "_front", "_supervisor", "_turn", "nodes", "state")
+    __slots__ = ("_config", "_front", "_limits", "_supervisor", "_turn", "nodes", "state")
 
     def __init__(self, front: Front, pool: PoolManager, supervisor: Supervisor) -> None:
         self._front = front
         self._supervisor = supervisor
         self._config: Config | None = None
         self._turn = 0  # where the next new user of a nodes: group starts looking (ties go round)
+        self._limits: dict[str, int] = {}  # each node's limit (its block's, else its group's concurrency)
         self.state = CapacityState(front.full, front.room, pool.on_capacity)
         front.on_backoff = lambda worker, value, now: self.state.backoff(worker, value)
         # A nodes: group's upstreams, in the config's order (the first is where new users go while it has room).
@@ -38,9 +39,19 @@ class CapacityWiring:
     def apply(self, config: Config) -> None:
         """A start or a reload: the nodes as configured, every probe as the config and the workers now ask."""
         self._config = config
+        before = {u.worker_id: u.socket_path for nodes in self.nodes.values() for u in nodes}
         self.nodes = {(t.name, a.name, g.name): [Upstream(node_id(t.name, a.name, g.name, n.name), n.address)
                                                  for n in g.nodes]
                       for t, a, g in config.groups() if not g.spawned}
+        after = {u.worker_id: u.socket_path for nodes in self.nodes.values() for u in nodes}
+        for node, address in before.items():
+            if after.get(node) != address:
+                # Gone, or at another address: what the front knew of it (found dead, its pooled connections, its
+                # users' placement, the socket it probes to find it alive again) was about the old one.
+                self._front.forget_worker(node)
+        self._limits = {node: (n.capacity.limit if n.capacity is not None and n.capacity.limit else g.concurrency)
+                        for t, a, g in config.groups() if not g.spawned
+                        for n in g.nodes for node in (node_id(t.name, a.name, g.name, n.name),)}
         self.sync()
 
     def sync(self) -> None:
@@ -75,13 +86,12 @@ class CapacityWiring:
         its open requests over its limit, or its own reading when that says more (ties in turn)."""
         if not routable or "@" not in routable[0].worker_id:
             return place(user, surface, routable)
-        open_by = self._front.forwards.open_by_worker()
-        limits = {target.node: target.limit for target, _ in self.state.targets()}
+        front, limits = self._front, self._limits
 
         def load(worker: RoutableWorker) -> float:
             wid = worker.worker_id
             reading = self.state.tightest(wid)
-            measured = open_by.get(wid, 0) / limits.get(wid, self._concurrency(wid))
+            measured = front.in_flight(wid) / limits.get(wid, 8)
             return max(measured, reading.ratio) if reading is not None else measured
 
         # Ties (idle nodes, a sequential client) are broken in turn, so new users spread over the nodes rather
@@ -89,20 +99,13 @@ class CapacityWiring:
         self._turn = turn = (self._turn + 1) % len(routable)
         return min((*routable[turn:], *routable[:turn]), key=load).worker_id
 
-    def _concurrency(self, node: str) -> int:
-        tenant, app, rest = node.split(".", 2)
-        group = rest.partition("@")[0]
-        config = self._config
-        try:
-            return config.tenants[tenant].apps[app].groups[group].concurrency if config is not None else 8
-        except KeyError:
-            return 8
 
     # ------------------------------------------------------------------ views
 
     def registry_apps(self) -> list[dict[str, Any]]:
-        """What ``GET /v1/registry`` says of each app: its groups' workers (and nodes), healthy or not, their
-        open requests, limit and own reading. No URL, no socket path."""
+        """What ``GET /v1/registry`` says of each app: its groups' workers, healthy or not, their open requests,
+        limit and own reading. No URL, no socket path; and no nodes: group (another host's capacity is that
+        host's to publish, and a node's id may name its address)."""
         config = self._config
         if config is None:
             return []
@@ -112,6 +115,8 @@ class CapacityWiring:
         for tenant, app in config.apps():
             groups = []
             for group in app.groups.values():
+                if not group.spawned:
+                    continue
                 key = (tenant.name, app.name, group.name)
                 workers = []
                 for wid, healthy in self._members(key, group):
@@ -128,8 +133,6 @@ class CapacityWiring:
         return apps
 
     def _members(self, key: GroupKey, group: Group) -> list[tuple[str, bool]]:
-        if not group.spawned:
-            return [(upstream.worker_id, True) for upstream in self.nodes.get(key, [])]
         return [(w.id, w.routable) for w in self._supervisor.workers_of(key)]
 
     def describe_pool(self, state: dict[str, Any]) -> dict[str, Any]:
