@@ -45,6 +45,9 @@ tenants:
         groups:
           main:
             command: ["{{python}}", "-m", "elasticd.demo"]
+            capacity: {{probe: prometheus, path: /metrics, interval: 200ms}}
+          remote:
+            nodes: [{{url: "http://127.0.0.1:9", name: far, capacity: {{probe: ratelimit}}}}]
 """
 
 
@@ -174,7 +177,12 @@ def test_the_monitor_page_renders_and_refreshes_in_chromium(daemons, tmp_path):
             await page.evaluate("document.querySelector('button.app-tab[data-app=\"globex/intranet\"]').click()")
             await page.until("document.querySelector('nav#apps button.active')?.dataset.app === 'globex/intranet'"
                              " && document.querySelectorAll('table.workers tr.worker-row').length === 1")
-            return {"first": first, "later": later, "navigations": navigations, "late": late}
+            # Its worker's capacity reading (the demo's own /metrics), and its nodes: group (never spawned).
+            await page.until("/^0\\/8 prometheus/.test(document.querySelector('table.workers [data-capacity]')"
+                             "?.textContent ?? '')")
+            nodes = await page.evaluate("[...document.querySelectorAll('table.nodes tr.node-row')].map(r => "
+                                        "[r.dataset.worker, r.querySelector('[data-capacity]').textContent])")
+            return {"first": first, "later": later, "navigations": navigations, "late": late, "nodes": nodes}
 
     seen = asyncio.run(scenario())
     first, later = seen["first"], seen["later"]
@@ -188,4 +196,5 @@ def test_the_monitor_page_renders_and_refreshes_in_chromium(daemons, tmp_path):
     assert first["ledger"].startswith("C ")
     assert seen["navigations"] == 1  # refreshed in place, never reloaded
     assert (BUILD / "monitor.png").stat().st_size > 10_000
+    assert seen["nodes"] == [["globex.intranet.remote@far", "ratelimit: no reading"]]
 

@@ -478,3 +478,22 @@ def test_a_registry_probe_whose_secret_cannot_be_had_is_a_probe_error(tmp_path, 
         build_probe(NODE, _registry(tmp_path, secret, key), Sink())
     assert str(info.value).startswith(str(tmp_path))  # the file named, in full
     assert error in str(info.value)
+
+
+def test_a_nodes_group_has_no_socket_path_to_be_too_long():
+    long_dir = "/run/" + "r" * 80
+    text = f"""\
+server: {{runtime_dir: {long_dir}}}
+tenants:
+  acme:
+    apps:
+      shop:
+        domains: [shop.example]
+        root: /srv
+        groups:
+          remote-with-a-long-name:
+            nodes: [{{url: "http://10.0.0.5:8000"}}]
+"""
+    assert parse_config(text).tenants["acme"].apps["shop"].groups["remote-with-a-long-name"].nodes
+    with pytest.raises(ConfigError, match=r"socket paths under server\.runtime_dir"):
+        parse_config(text.replace('nodes: [{url: "http://10.0.0.5:8000"}]', 'command: ["x"]'))

@@ -44,6 +44,8 @@ def _check_socket_paths(walk: Walk, server: Server, tenants: Mapping[str, Tenant
     for tenant in tenants.values():
         for app in tenant.apps.values():
             for group in app.groups.values():
+                if not group.spawned:
+                    continue  # (a nodes: group has no worker, nor socket, of its own)
                 path = f"{server.runtime_dir}/workers/{tenant.name}/{app.name}.{group.name}..sock"
                 length = len(path.encode()) + _WORKER_NUMBER_ROOM
                 if length > _SUN_PATH_MAX:
