@@ -32,6 +32,8 @@ from typing import Any
 from elasticd import __version__
 from elasticd.accounting.sampler import Sampler
 from elasticd.accounting.usage import measure
+from elasticd.agent.listener import AgentListener
+from elasticd.agent.rooms import AgentRooms
 from elasticd.api.server import AdminApi, SocketInUse
 from elasticd.background import Background
 from elasticd.cgroup.activation import Activation, CgroupRefused
@@ -78,6 +80,7 @@ class ReloadResult:
 class Daemon:
     __slots__ = (
         "_controllers",
+        "_draining_stop",
         "_reload_lock",
         "_routing",
         "_routing_version",
@@ -85,6 +88,7 @@ class Daemon:
         "_stop",
         "_tasks",
         "_upstream_of",
+        "agent",
         "api",
         "capacity",
         "cgroups",
@@ -144,6 +148,10 @@ class Daemon:
                                                        CapacityCollector(self.capacity.state)],
                                      routes=[self.monitor.add_routes, self.registry.add_routes])
         self.api = AdminApi(self, server.admin_socket, server.admin_group)
+        # HAProxy's agent-check (server.agent_listen): each host's room, in HAProxy's own protocol.
+        rooms = AgentRooms(self.pool, self.supervisor)
+        self.agent = AgentListener(server.agent_listen, rooms) if server.agent_listen is not None else None
+        self._draining_stop = False  # a stop is answering `drain` for server.stop_drain first
         self.started_at = time.time()
         self.last_reload: ReloadResult | None = None
         self._reload_lock = asyncio.Lock()
@@ -258,6 +266,8 @@ class Daemon:
         self.front.configure(request_timeout=config.server.request_timeout, user_ttl=config.server.user_ttl,
                              move_timeout=config.server.move_timeout)
         self.pool.apply(config)
+        if self.agent is not None:
+            self.agent.rooms.apply(config)
         self.capacity.apply(config)  # nodes: groups' upstreams, and the probes (workers' start as they come up)
         # The budget reads rates over two sampler intervals and memory events over one smoothing window.
         server = config.server
@@ -440,6 +450,8 @@ class Daemon:
             await self.front.start()
             await self.metrics.start()
             await self.channel.start()
+            if self.agent is not None:
+                await self.agent.start()
         except (CgroupRefused, SocketInUse, ValueError, OSError) as exc:
             log.error("refusing to start: %s", exc)
             self.notifier.send(f"STATUS=refusing to start: {exc}")
@@ -473,9 +485,21 @@ class Daemon:
         self._track(self.reload())  # refused by reload() itself once stopping
 
     def _on_sigterm(self) -> None:
-        self._stop.set()
+        """A stop. Behind a balancer (server.agent_listen and server.stop_drain), the agent answers `drain` first,
+        for stop_drain, while everything still serves: HAProxy sends new users to the other hosts before the
+        workers go. A second SIGTERM (or SIGINT) meanwhile stops at once."""
+        drain = self.config.server.stop_drain
+        if self.agent is None or drain <= 0 or self._draining_stop or self._stop.is_set():
+            self._stop.set()
+            return
+        self._draining_stop = True
+        self.agent.stopping = True
+        self.notifier.send(f"STATUS=stopping: answering drain to HAProxy for {drain:g}s first")
+        log.info("stopping: the agent answers drain for %gs first (server.stop_drain), still serving", drain)
+        asyncio.get_running_loop().call_later(drain, self._stop.set)
 
-    _on_sigint = _on_sigterm
+    def _on_sigint(self) -> None:
+        self._stop.set()  # (Ctrl-C on a terminal: no balancer to tell)
 
     async def _shutdown(self) -> None:
         self.notifier.stopping()
@@ -493,6 +517,8 @@ class Daemon:
         await self.cgroups.drain_all(self.config)
         await self.api.stop()
         await self.channel.stop()
+        if self.agent is not None:
+            await self.agent.stop()
         await self.metrics.stop()
         self.sampler.close()
         log.info("stopped")

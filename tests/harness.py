@@ -40,7 +40,7 @@ def fake_cgroup_tree(path: Path, controllers: str = "cpu memory pids io") -> Pat
 def browse(d: Daemon, path: str, cookie: str | None = None, host: str = "shop.localhost",
            timeout: float = 30) -> tuple[int, str, str | None]:
     """GET through the front as a browser would: (status, body, the elastic_uid it holds afterwards)."""
-    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=timeout)
+    conn = http.client.HTTPConnection(d.host, d.port, timeout=timeout)
     try:
         conn.request("GET", path, headers={"Host": host, **({"Cookie": f"elastic_uid={cookie}"} if cookie else {})})
         response = conn.getresponse()
@@ -100,18 +100,19 @@ class NotifySocket:
 
 class Daemon:
     def __init__(self, tmp: Path, tenants_yaml: str, *, mode: str = "required", stop_timeout: str = "3s",
-                 extra_server: str = "") -> None:
+                 extra_server: str = "", host: str = "127.0.0.1") -> None:
         self.tmp = tmp
         self.cgroup = fake_cgroup_tree(tmp / "cg")
         self.runtime = tmp / "run"
         self.admin = tmp / "admin.sock"
+        self.host = host  # the front's address (another loopback address: a second host)
         self.port = free_port()
         self.metrics_port = free_port()
         self.config_path = tmp / "elastic.yaml"
         self.log_path = tmp / "elasticd.log"
         self.server_yaml = textwrap.dedent(f"""\
             server:
-              listen: 127.0.0.1:{self.port}
+              listen: {host}:{self.port}
               metrics_listen: 127.0.0.1:{self.metrics_port}
               admin_socket: {self.admin}
               runtime_dir: {self.runtime}
@@ -179,7 +180,7 @@ class Daemon:
             time.sleep(0.1)
 
     def get(self, host: str, path: str = "/", headers: dict[str, str] | None = None) -> tuple[int, str, Any]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
         try:
             conn.request("GET", path, headers={"Host": host, **(headers or {})})
             response = conn.getresponse()

@@ -15,6 +15,7 @@ from elasticd.config.walk import (
     Walk,
     absolute_path,
     duration,
+    duration_or_zero,
     integer,
     join,
     kind,
@@ -66,7 +67,7 @@ def capacity_block(walk: Walk, node: Any, path: str, line: int | None, *, for_no
     capacity = Capacity(
         probe=probe,
         interval=walk.value(m, "interval", path, _positive_duration, d.interval),
-        max_age=walk.value(m, "max_age", path, _age, d.max_age),
+        max_age=walk.value(m, "max_age", path, duration_or_zero, d.max_age),
         limit=walk.value(m, "limit", path, integer(1, 1_000_000), None),
         wait=walk.value(m, "wait", path, duration, d.wait),
         block=dict(m),
@@ -163,13 +164,6 @@ def _positive_duration(value: Any) -> float:
     if seconds <= 0:
         raise ValueError(f"{kind(value)} must be more than 0")
     return seconds
-
-
-def _age(value: Any) -> float:
-    """A reading's ``max_age``: a duration, or 0 (the number, or "0s"): believed until replaced."""
-    if (isinstance(value, int) and not isinstance(value, bool) and value == 0) or value in ("0", "0s", "0ms"):
-        return 0.0
-    return duration(value)
 
 
 def _url(value: Any) -> str:

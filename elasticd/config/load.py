@@ -44,6 +44,7 @@ from elasticd.config.walk import (
     absolute_path,
     address,
     duration,
+    duration_or_zero,
     fraction,
     integer,
     join,
@@ -67,7 +68,7 @@ _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 _SERVER_KEYS = ("listen", "metrics_listen", "admin_socket", "admin_group", "runtime_dir", "cgroups",
                 "sample_interval", "occupancy_interval", "request_timeout", "stop_timeout", "user_ttl",
-                "hung_after", "move_timeout", "monitor", "registry")
+                "hung_after", "move_timeout", "monitor", "registry", "agent_listen", "stop_drain")
 _TENANT_KEYS = ("user", "group", "resources", "quotas", "apps")
 _RESOURCE_KEYS = ("cpu", "memory", "swap", "pids", "io_weight", "io_bandwidth")
 _QUOTA_KEYS = ("max_concurrent_requests", "requests_per_second", "burst")
@@ -99,6 +100,8 @@ def _server(walk: Walk, node: Any, line: int | None) -> Server:
     return Server(
         monitor=_monitor(walk, m),
         registry=registry_section(walk, m),
+        agent_listen=walk.value(m, "agent_listen", "server", address, None),
+        stop_drain=walk.value(m, "stop_drain", "server", duration_or_zero, 0.0),
         listen=walk.value(m, "listen", "server", address, d.listen),
         metrics_listen=walk.value(m, "metrics_listen", "server", address, d.metrics_listen),
         admin_socket=walk.value(m, "admin_socket", "server", absolute_path, d.admin_socket),

@@ -67,6 +67,8 @@ class Server:
     move_timeout: float = 10.0  # a live move's hard deadline: a moving user's requests are held at most this
     monitor: MonitorAuth | None = None  # None: /monitor answers without auth (metrics_listen is loopback)
     registry: Registry | None = None  # None: no /v1/registry
+    agent_listen: Address | None = None  # HAProxy's agent-check answered here (elasticd/agent/); None: off
+    stop_drain: float = 0.0  # at a stop, answer the agent `drain` this long first, still serving (0: off)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ __all__ = ["RESTART_ONLY_KEYS", "isolation_warnings", "restart_only_changes"]
 
 # Server keys a running daemon cannot take over in place (its sockets, its cgroup base, its sampler's tick).
 RESTART_ONLY_KEYS = ("listen", "metrics_listen", "admin_socket", "admin_group", "runtime_dir", "cgroups",
-                     "sample_interval")
+                     "sample_interval", "agent_listen")
 
 
 def isolation_warnings(config: Config) -> list[str]:

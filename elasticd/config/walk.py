@@ -11,8 +11,8 @@ from typing import Any
 from elasticd.config.model import Address
 from elasticd.config.units import UnitError, parse_duration
 
-__all__ = ["CGROUP_MODES", "ConfigError", "ConfigIssue", "Walk", "absolute_path", "address", "duration", "fraction",
-           "integer", "join", "kind", "mode", "positive_number", "share", "string"]
+__all__ = ["CGROUP_MODES", "ConfigError", "ConfigIssue", "Walk", "absolute_path", "address", "duration",
+           "duration_or_zero", "fraction", "integer", "join", "kind", "mode", "positive_number", "share", "string"]
 
 CGROUP_MODES = ("auto", "required", "off")
 
@@ -210,3 +210,10 @@ def duration(value: Any) -> float:
     return parse_duration(value)
 
 
+
+
+def duration_or_zero(value: Any) -> float:
+    """A duration, or 0 (the number, or "0s"): off, or never (``stop_drain``, a reading's ``max_age``)."""
+    if (isinstance(value, int) and not isinstance(value, bool) and value == 0) or value in ("0", "0s", "0ms"):
+        return 0.0
+    return duration(value)

@@ -235,6 +235,11 @@ class PoolManager:
     def decision_counts(self) -> dict[GroupKey, dict[str, int]]:
         return {key: dict(entry.journal.counts) for key, entry in self._groups.items()}
 
+    def occupancies_of(self, key: GroupKey) -> list[float]:
+        """The group's routable workers' occupancies, the reception first (what its ledger reads)."""
+        entry = self._groups.get(key)
+        return [] if entry is None else [view.occupancy for view in self._views(key, entry)]
+
     def limits_bound(self) -> dict[GroupKey, frozenset[str]]:
         """Per group, the resources holding its scale-up right now (elasticd_group_limit_bound)."""
         return {key: entry.bound for key, entry in self._groups.items()}

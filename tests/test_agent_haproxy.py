@@ -1,0 +1,215 @@
+"""Several hosts behind a real HAProxy (Debian's haproxy), weighted by each host's own room through its agent-check:
+two elasticd daemons as two hosts on two loopback addresses, the same app on each. Users stay on their host; a
+host whose app is saturated answers a weight of 0 % and new users land on the other; a host that is stopping
+answers `drain` for server.stop_drain — new users go to the other host while its own users are still served — and
+once it is gone they are redispatched: no request fails. This file's HAProxy configuration is the README's."""
+
+from __future__ import annotations
+
+import http.client
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from harness import free_port
+
+HAPROXY = shutil.which("haproxy")
+pytestmark = pytest.mark.skipif(HAPROXY is None, reason="no HAProxy here (apt install haproxy)")
+
+APP = """\
+tenants:
+  acme:
+    apps:
+      shop:
+        domains: [shop.localhost]
+        root: {root}
+        groups:
+          green:
+            command: ["{{python}}", "-m", "elasticd.demo"]
+            env: {{DEMO_GREETING: {host}}}
+            concurrency: 2
+            pool: {{min_workers: 1, max_workers: 1}}
+            capacity: {{probe: prometheus, path: /metrics, interval: 100ms, max_age: 2s}}
+"""
+
+# The README's snippet ("More than one host"), with the test's addresses and ports.
+HAPROXY_CONFIG = """\
+global
+    stats socket {stats} mode 600 level admin
+
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 30s
+    timeout server 30s
+    retries 3
+    option redispatch          # a request whose host went down goes to another, not to the client as an error
+
+frontend web
+    bind 127.0.0.1:{port}
+    default_backend shop
+
+backend shop
+    balance roundrobin
+    cookie SRV insert indirect nocache   # a user stays on its host; elasticd's elastic_uid keeps it on its worker
+    # weight 100: the agent's percentage is of this weight (HAProxy rounds down: of weight 1, 98 % is 0)
+    server a {a}:{a_port} cookie a weight 100 check inter 300ms fall 1 rise 2 {agent_a}
+    server b {b}:{b_port} cookie b weight 100 check inter 300ms fall 1 rise 2 {agent_b}
+"""
+# Each host's agent, asked for the app by its domain (elasticd answers for that app's room).
+AGENT = 'agent-check agent-addr {host} agent-port {port} agent-inter 300ms agent-send "shop.localhost\\n"'
+
+
+class HAProxy:
+    def __init__(self, tmp: Path, a, b) -> None:
+        self.port, self.stats = free_port(), tmp / "haproxy.sock"
+        config = tmp / "haproxy.cfg"
+        config.write_text(HAPROXY_CONFIG.format(stats=self.stats, port=self.port, a=a.host, a_port=a.port, b=b.host,
+                                                b_port=b.port, agent_a=AGENT.format(host=a.host, port=a.agent_port),
+                                                agent_b=AGENT.format(host=b.host, port=b.agent_port)))
+        check = subprocess.run([HAPROXY, "-c", "-f", str(config)], capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+        self.log = open(tmp / "haproxy.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen([HAPROXY, "-db", "-f", str(config)], stdout=self.log, stderr=subprocess.STDOUT)
+
+    def servers(self) -> dict[str, dict[str, str]]:
+        """`show stat` of the backend: per server, its status (UP, DRAIN, DOWN...), weight and agent status."""
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.connect(str(self.stats))
+            conn.sendall(b"show stat\n")
+            data = b""
+            while chunk := conn.recv(65536):
+                data += chunk
+        lines = data.decode().splitlines()
+        header = lines[0].lstrip("# ").split(",")
+        rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
+        return {r["svname"]: r for r in rows if r["pxname"] == "shop" and r["svname"] in ("a", "b")}
+
+    def wait(self, predicate, what: str, timeout: float = 20.0) -> dict[str, dict[str, str]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                servers = self.servers()
+            except OSError:
+                servers = {}
+            if servers and predicate(servers):
+                return servers
+            assert time.monotonic() < deadline, f"{what}: {servers}"
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+
+class User:
+    """A browser through HAProxy: it keeps HAProxy's SRV cookie and elasticd's elastic_uid."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.cookies: dict[str, str] = {}
+
+    def get(self, path: str = "/") -> tuple[int, str]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            cookie = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+            conn.request("GET", path, headers={"Host": "shop.localhost", **({"Cookie": cookie} if cookie else {})})
+            response = conn.getresponse()
+            body = response.read().decode(errors="replace")
+            for header in response.msg.get_all("Set-Cookie") or []:
+                name, _, rest = header.partition("=")
+                self.cookies[name.strip()] = rest.split(";")[0]
+            return response.status, body
+        finally:
+            conn.close()
+
+    def host(self) -> str:
+        status, body = self.get()
+        assert status == 200, (status, body)
+        return body.split("\n")[0]  # the demo's greeting: the host's name
+
+
+def _sleep_on(host, port: int, ms: int) -> threading.Thread:
+    """Work straight to a host's own front (not through HAProxy): it keeps that host's only worker busy."""
+    def run() -> None:
+        conn = http.client.HTTPConnection(host, port, timeout=30)
+        conn.request("GET", f"/sleep?ms={ms}", headers={"Host": "shop.localhost"})
+        conn.getresponse().read()
+        conn.close()
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_hosts_behind_haproxy_weighted_by_their_agents_and_drained_before_they_stop(daemons, tmp_path):
+    hosts = []
+    for name, address in (("host-a", "127.0.0.2"), ("host-b", "127.0.0.3")):
+        agent_port = free_port()
+        d = daemons(APP.format(root=tmp_path, host=name), host=address,
+                    extra_server=f"  occupancy_interval: 200ms\n  hung_after: 3s\n"
+                                 f"  agent_listen: {address}:{agent_port}\n  stop_drain: 3s\n")
+        d.agent_port = agent_port
+        d.start()
+        hosts.append(d)
+    a, b = hosts
+    for d in hosts:
+        d.wait_pool(lambda g: any(w["state"] == "running" for w in g["workers"]), 30, "a running worker")
+    haproxy = HAProxy(tmp_path, a, b)
+    try:
+        servers = haproxy.wait(lambda s: all(s[n]["status"] == "UP" and s[n]["agent_status"] == "L7OK"
+                                             for n in ("a", "b")), "both hosts up with their agents")
+        assert "acme/shop: room" in servers["a"]["last_agt"], servers["a"]  # the agent's own words, in HAProxy
+
+        users = [User(haproxy.port) for _ in range(8)]
+        home = {id(u): u.host() for u in users}
+        assert set(home.values()) == {"host-a", "host-b"}, home  # spread over both
+        for user in users:  # and each stays on its host
+            for _ in range(2):
+                assert user.host() == home[id(user)]
+
+        # Host A saturated (its only worker busy with work HAProxy never sent): its agent says 0 %.
+        busy = [_sleep_on(a.host, a.port, 4000) for _ in range(2)]
+        haproxy.wait(lambda s: s["a"]["weight"] == "0", "host a's weight down to 0")
+        newcomers = [User(haproxy.port) for _ in range(6)]
+        assert [u.host() for u in newcomers] == ["host-b"] * 6
+        for thread in busy:
+            thread.join(30)
+        haproxy.wait(lambda s: int(s["a"]["weight"]) > 0, "host a's weight back")
+
+        # Host A stops: its agent answers drain for 3 s first, while it still serves its own users.
+        a.signal(15)
+        haproxy.wait(lambda s: s["a"]["status"].startswith("DRAIN"), "host a draining", timeout=5)
+        on_a = [u for u in users if home[id(u)] == "host-a"]
+        failures = []
+        drained = [User(haproxy.port) for _ in range(4)]
+        assert [u.host() for u in drained] == ["host-b"] * 4
+        assert all(u.host() == "host-a" for u in on_a)  # still served where they are, during the drain
+        deadline = time.monotonic() + 20
+        while a.process.poll() is None:  # until host a is gone: its users keep asking, none may fail
+            assert time.monotonic() < deadline
+            for user in on_a:
+                status, body = user.get()
+                if status != 200:
+                    failures.append((status, body[:200]))
+            time.sleep(0.05)
+        assert a.process.returncode == 0
+        for user in [*users, *newcomers, *drained]:  # afterwards: everyone on b, redispatched, nothing failed
+            status, body = user.get()
+            if status != 200:
+                failures.append((status, body[:200]))
+            else:
+                assert body.split("\n")[0] == "host-b"
+        assert failures == []
+        assert "stopping: the agent answers drain for 3s first" in a.log_text()
+    finally:
+        haproxy.stop()
