@@ -1,0 +1,79 @@
+"""What the agent answers about (agent/rooms.py), read from the pool and the supervisor: an app found by a domain
+or tenant/app, its active groups only, held by a cgroup limit, failed, and removed by a reload (drain while its
+workers finish)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from elasticd.agent.line import app_line
+from elasticd.agent.rooms import AgentRooms
+from elasticd.config.load import parse_config
+
+CONFIG = """\
+tenants:
+  acme:
+    quotas: {max_concurrent_requests: 64}
+    apps:
+      shop:
+        domains: [shop.example, "*.shop.example"]
+        root: /srv
+        default_group: green
+        groups:
+          green:
+            command: ["x"]
+            pool: {min_workers: 1, max_workers: 2}
+          blue:
+            command: ["x"]
+"""
+
+
+def worker(state: str = "running") -> SimpleNamespace:
+    return SimpleNamespace(state=state, routable=state == "running")
+
+
+class Fakes:
+    def __init__(self) -> None:
+        self.workers = {("acme", "shop", "green"): [worker()], ("acme", "shop", "blue"): [worker(), worker()]}
+        self.bound: dict = {}
+        self.alive = True
+        self.pool = SimpleNamespace(occupancies_of=lambda key: [0.2] * len(self.workers.get(key, [])),
+                                    limits_bound=lambda: self.bound)
+        self.supervisor = SimpleNamespace(workers_of=lambda key: self.workers.get(key, []),
+                                          held=lambda key: len(self.workers.get(key, [])),
+                                          holds_app=lambda tenant, app: self.alive)
+
+
+def test_an_app_by_its_domain_or_name_with_its_active_groups_only():
+    fakes = Fakes()
+    rooms = AgentRooms(fakes.pool, fakes.supervisor)  # type: ignore[arg-type]
+    rooms.apply(parse_config(CONFIG))
+    for hint in ("shop.example", "a.b.shop.example", "acme/shop"):
+        app = rooms.resolve(hint)
+        assert app is not None and app.name == "acme/shop" and len(app.groups) == 1  # blue gets no new user
+    # green: 1 worker at 0.2 of max 2: (0.5 - 0.2 + 0.8) / 1.3
+    assert app_line(rooms.resolve("shop.example"), "shop.example") == \
+        "up ready 84% maxconn:64 #acme/shop: room 1.10 of 1.30\n"
+    assert rooms.resolve("nope.example") is None and rooms.resolve("acme/nope") is None
+
+
+def test_held_failed_and_removed():
+    fakes = Fakes()
+    rooms = AgentRooms(fakes.pool, fakes.supervisor)  # type: ignore[arg-type]
+    config = parse_config(CONFIG)
+    rooms.apply(config)
+    fakes.bound[("acme", "shop", "green")] = frozenset({"cpu"})
+    assert app_line(rooms.resolve("acme/shop"), "acme/shop").startswith("up ready 0% maxconn:64")
+    fakes.bound.clear()
+    fakes.workers[("acme", "shop", "green")] = [worker("failed")]
+    assert app_line(rooms.resolve("acme/shop"), "acme/shop") == "maint #acme/shop: its workers failed\n"
+    fakes.workers[("acme", "shop", "green")] = [worker("failed"), worker()]  # one still serves: not failed
+    assert app_line(rooms.resolve("acme/shop"), "acme/shop").startswith("up ready")
+
+    rooms.apply(parse_config(CONFIG.replace("shop:", "other:").replace("shop.example", "other.example")))
+    assert app_line(rooms.resolve("shop.example"), "shop.example") == "drain #acme/shop: being removed\n"
+    assert app_line(rooms.resolve("acme/shop"), "acme/shop") == "drain #acme/shop: being removed\n"
+    fakes.alive = False  # its workers finished
+    assert rooms.resolve("shop.example") is None
+    rooms.apply(config)  # back in the config
+    assert rooms.resolve("shop.example") is not None and not rooms.resolve("shop.example").draining
