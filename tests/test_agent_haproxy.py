@@ -213,3 +213,14 @@ def test_hosts_behind_haproxy_weighted_by_their_agents_and_drained_before_they_s
         assert "stopping: the agent answers drain for 3s first" in a.log_text()
     finally:
         haproxy.stop()
+
+
+def test_the_readmes_haproxy_snippet_is_valid_haproxy(tmp_path):
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("The HAProxy side", 1)[1]
+    snippet = section.split("```\n", 2)[1]
+    assert "agent-check" in snippet and "cookie SRV insert indirect nocache" in snippet
+    config = tmp_path / "readme.cfg"
+    config.write_text(snippet + f"\nfrontend web\n    bind 127.0.0.1:{free_port()}\n    default_backend shop\n")
+    check = subprocess.run([HAPROXY, "-c", "-f", str(config)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr

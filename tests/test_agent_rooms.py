@@ -77,3 +77,21 @@ def test_held_failed_and_removed():
     assert rooms.resolve("shop.example") is None
     rooms.apply(config)  # back in the config
     assert rooms.resolve("shop.example") is not None and not rooms.resolve("shop.example").draining
+
+
+def test_the_agents_server_keys():
+    import pytest
+
+    from elasticd.config.model import Address
+    from elasticd.config.walk import ConfigError
+
+    config = parse_config("server: {agent_listen: 10.0.0.5:9465, stop_drain: 5s}\n" + CONFIG)
+    assert config.server.agent_listen == Address("10.0.0.5", 9465) and config.server.stop_drain == 5.0
+    plain = parse_config(CONFIG).server
+    assert plain.agent_listen is None and plain.stop_drain == 0.0  # off by default
+    assert parse_config("server: {stop_drain: 0}\n" + CONFIG).server.stop_drain == 0.0
+    for bad, message in (("agent_listen: 9465", 'server.agent_listen (line 1): "9465" is not HOST:PORT'),
+                         ("stop_drain: 5", "server.stop_drain (line 1): ")):
+        with pytest.raises(ConfigError) as info:
+            parse_config(f"server: {{{bad}}}\n" + CONFIG)
+        assert message in str(info.value)
