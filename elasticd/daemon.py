@@ -38,7 +38,7 @@ from elasticd.api.server import AdminApi, SocketInUse
 from elasticd.background import Background
 from elasticd.cgroup.activation import Activation, CgroupRefused
 from elasticd.config import Config, ConfigError, Quotas, Resources, load_config
-from elasticd.config.notices import isolation_warnings, restart_only_changes
+from elasticd.config.notices import balancer_warnings, isolation_warnings, restart_only_changes
 from elasticd.front import Front, RouteTable, Upstream
 from elasticd.limits.overrides import effective
 from elasticd.limits.runtime import LimitsReply, RuntimeLimits
@@ -286,7 +286,7 @@ class Daemon:
         self.config = config
         for problem in problems:
             log.error("%s", problem)
-        for warning in isolation_warnings(config):
+        for warning in [*isolation_warnings(config), *balancer_warnings(config)]:
             if warning not in self._said:  # once per start (a reload repeats only what it newly brings)
                 self._said.add(warning)
                 log.warning("%s", warning)

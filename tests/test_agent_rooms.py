@@ -95,3 +95,17 @@ def test_the_agents_server_keys():
         with pytest.raises(ConfigError) as info:
             parse_config(f"server: {{{bad}}}\n" + CONFIG)
         assert message in str(info.value)
+
+
+def test_a_stop_drain_nothing_hears_or_the_unit_would_cut_is_said():
+    from pathlib import Path
+
+    from elasticd.config.notices import UNIT_STOP_TIMEOUT, balancer_warnings
+
+    unit = (Path(__file__).resolve().parent.parent / "packaging" / "systemd" / "elasticd.service").read_text()
+    assert f"TimeoutStopSec={UNIT_STOP_TIMEOUT:g}" in unit  # the notice's number is the shipped unit's
+    assert balancer_warnings(parse_config(CONFIG)) == []
+    assert balancer_warnings(parse_config("server: {agent_listen: 127.0.0.1:9465, stop_drain: 5s}\n" + CONFIG)) == []
+    assert "without server.agent_listen" in balancer_warnings(parse_config("server: {stop_drain: 5s}\n" + CONFIG))[0]
+    long = parse_config("server: {agent_listen: 127.0.0.1:9465, stop_drain: 55s, stop_timeout: 10s}\n" + CONFIG)
+    assert "TimeoutStopSec (60s)" in balancer_warnings(long)[0]

@@ -5,11 +5,28 @@ from __future__ import annotations
 
 from elasticd.config.model import Config
 
-__all__ = ["RESTART_ONLY_KEYS", "isolation_warnings", "restart_only_changes"]
+__all__ = ["RESTART_ONLY_KEYS", "UNIT_STOP_TIMEOUT", "balancer_warnings", "isolation_warnings", "restart_only_changes"]
+
+UNIT_STOP_TIMEOUT = 60.0  # packaging/systemd/elasticd.service's TimeoutStopSec
 
 # Server keys a running daemon cannot take over in place (its sockets, its cgroup base, its sampler's tick).
 RESTART_ONLY_KEYS = ("listen", "metrics_listen", "admin_socket", "admin_group", "runtime_dir", "cgroups",
                      "sample_interval", "agent_listen")
+
+
+def balancer_warnings(config: Config) -> list[str]:
+    """A stop_drain nothing hears, or one the unit's stop timeout does not leave room for."""
+    server = config.server
+    if server.stop_drain <= 0:
+        return []
+    if server.agent_listen is None:
+        return ["server.stop_drain is set without server.agent_listen: no balancer hears the drain, so a stop does "
+                "not wait for it"]
+    if server.stop_drain + server.stop_timeout >= UNIT_STOP_TIMEOUT:
+        return [f"server.stop_drain ({server.stop_drain:g}s) and stop_timeout ({server.stop_timeout:g}s) together "
+                f"are not under the unit's TimeoutStopSec ({UNIT_STOP_TIMEOUT:g}s): systemd would kill elasticd "
+                "before its workers stop (raise TimeoutStopSec in a drop-in)"]
+    return []
 
 
 def isolation_warnings(config: Config) -> list[str]:

@@ -41,6 +41,7 @@ from typing import Any
 sys.dont_write_bytecode = True  # nothing written into the host's share but results
 
 from accounting import s_accounting  # noqa: E402 (after the line above, on purpose)
+from agent import s_agent  # noqa: E402
 from blue_green import s_blue_green  # noqa: E402
 from capacity import s_capacity  # noqa: E402
 from common import SUITE_APPS, Failed, Scenario, say  # noqa: E402
@@ -91,6 +92,8 @@ SCENARIOS: list[tuple[str, str, Scenario]] = [
      "back to zero when idle", s_blue_green),
     ("17-capacity", "work sent straight to the reception's socket makes its own /metrics read full: new users go to "
      "the other worker, none to it, until its reading has room again; the signed /v1/registry verifies", s_capacity),
+    ("18-agent", "HAProxy's agent-check is answered for an app and for the host; systemctl stop answers drain for "
+     "stop_drain first while the front still serves, then stops cleanly", s_agent),
 ]
 
 
