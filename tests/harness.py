@@ -100,12 +100,13 @@ class NotifySocket:
 
 class Daemon:
     def __init__(self, tmp: Path, tenants_yaml: str, *, mode: str = "required", stop_timeout: str = "3s",
-                 extra_server: str = "", host: str = "127.0.0.1") -> None:
+                 extra_server: str = "", host: str = "127.0.0.1", netns: str | None = None) -> None:
         self.tmp = tmp
         self.cgroup = fake_cgroup_tree(tmp / "cg")
         self.runtime = tmp / "run"
         self.admin = tmp / "admin.sock"
-        self.host = host  # the front's address (another loopback address: a second host)
+        self.host = host  # the front's address (another loopback address, or one in ``netns``: a second host)
+        self.netns = netns  # a network namespace the daemon runs in (`ip netns exec` execs: the pid is the same)
         self.port = free_port()
         self.metrics_port = free_port()
         self.config_path = tmp / "elastic.yaml"
@@ -132,7 +133,8 @@ class Daemon:
         env.pop("JOURNAL_STREAM", None)
         mark = len(self.notify.messages)
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen([PYTHON, "-m", "elasticd.daemon", "--config", str(self.config_path)],
+        inside = ["ip", "netns", "exec", self.netns] if self.netns is not None else []
+        self.process = subprocess.Popen([*inside, PYTHON, "-m", "elasticd.daemon", "--config", str(self.config_path)],
                                         env=env, stdout=self.log, stderr=subprocess.STDOUT)
         if wait_ready:
             self.notify.wait_for("READY", "1", after=mark)

@@ -1,5 +1,7 @@
 """Several hosts behind a real HAProxy (Debian's haproxy), weighted by each host's own room through its agent-check:
-two elasticd daemons as two hosts on two loopback addresses, the same app on each. Users stay on their host; a
+two elasticd daemons as two hosts — each in a network namespace of its own, made and removed here, reached over a
+veth pair at an address of the benchmarking range (198.18.0.0/15); on two loopback addresses where namespaces
+cannot be made — the same app on each. Users stay on their host; a
 host whose app is saturated answers a weight of 0 % and new users land on the other; a host that is stopping
 answers `drain` for server.stop_drain — new users go to the other host while its own users are still served — and
 once it is gone they are redispatched: no request fails. This file's HAProxy configuration is the README's."""
@@ -7,6 +9,7 @@ once it is gone they are redispatched: no request fails. This file's HAProxy con
 from __future__ import annotations
 
 import http.client
+import os
 import shutil
 import socket
 import subprocess
@@ -151,11 +154,44 @@ def _sleep_on(host, port: int, ms: int) -> threading.Thread:
     return thread
 
 
-def test_hosts_behind_haproxy_weighted_by_their_agents_and_drained_before_they_stop(daemons, tmp_path):
+def _ip(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+def networks():
+    """Two hosts' (address, namespace): a namespace each, with a veth pair to this one (198.18.N.1 here, .2 there),
+    removed at the end; two loopback addresses and no namespace where they cannot be made (not root, no ip)."""
+    tag = f"el{os.getpid() % 100000}"
+    made: list[str] = []
+    hosts: list[tuple[str, str | None]] = []
+    try:
+        for n in (1, 2):
+            ns, outside, inside = f"{tag}h{n}", f"{tag}o{n}", f"{tag}i{n}"
+            steps = [("netns", "add", ns), ("link", "add", outside, "type", "veth", "peer", "name", inside),
+                     ("link", "set", inside, "netns", ns), ("addr", "add", f"198.18.{n}.1/30", "dev", outside),
+                     ("link", "set", outside, "up"), ("-n", ns, "addr", "add", f"198.18.{n}.2/30", "dev", inside),
+                     ("-n", ns, "link", "set", inside, "up"), ("-n", ns, "link", "set", "lo", "up")]
+            for step in steps:
+                if shutil.which("ip") is None or os.geteuid() != 0 or _ip(*step).returncode != 0:
+                    raise OSError(f"ip {' '.join(step)}")
+                if step[:2] == ("netns", "add"):
+                    made.append(ns)
+            hosts.append((f"198.18.{n}.2", ns))
+    except OSError:
+        for ns in made:
+            _ip("netns", "del", ns)
+        made, hosts = [], [("127.0.0.2", None), ("127.0.0.3", None)]
+    yield hosts
+    for ns in made:  # (the daemons in them were stopped first: this fixture was set up before theirs)
+        _ip("netns", "del", ns)  # its end of the veth pair goes with it, and so does this end
+
+
+def test_hosts_behind_haproxy_weighted_by_their_agents_and_drained_before_they_stop(networks, daemons, tmp_path):
     hosts = []
-    for name, address in (("host-a", "127.0.0.2"), ("host-b", "127.0.0.3")):
+    for name, (address, netns) in zip(("host-a", "host-b"), networks, strict=True):
         agent_port = free_port()
-        d = daemons(APP.format(root=tmp_path, host=name), host=address,
+        d = daemons(APP.format(root=tmp_path, host=name), host=address, netns=netns,
                     extra_server=f"  occupancy_interval: 200ms\n  hung_after: 3s\n"
                                  f"  agent_listen: {address}:{agent_port}\n  stop_drain: 3s\n")
         d.agent_port = agent_port
