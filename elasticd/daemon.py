@@ -502,6 +502,8 @@ class Daemon:
         self._stop.set()  # (Ctrl-C on a terminal: no balancer to tell)
 
     async def _shutdown(self) -> None:
+        if self.agent is not None:
+            self.agent.stopping = True  # (every stop, drained first or not: HAProxy hears `drain` to the end)
         self.notifier.stopping()
         log.info("stopping")
         self._stop.set()

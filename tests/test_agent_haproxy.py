@@ -39,41 +39,34 @@ tenants:
             capacity: {{probe: prometheus, path: /metrics, interval: 100ms, max_age: 2s}}
 """
 
-# The README's snippet ("More than one host"), with the test's addresses and ports.
-HAPROXY_CONFIG = """\
-global
-    stats socket {stats} mode 600 level admin
+README = Path(__file__).resolve().parent.parent / "README.md"
 
-defaults
-    mode http
-    timeout connect 2s
-    timeout client 30s
-    timeout server 30s
-    retries 3
-    option redispatch          # a request whose host went down goes to another, not to the client as an error
 
-frontend web
-    bind 127.0.0.1:{port}
-    default_backend shop
+def readme_snippet() -> str:
+    """The HAProxy lines of the README's "More than one host" (what an operator copies)."""
+    section = README.read_text().split("The HAProxy side", 1)[1]
+    return section.split("```\n", 2)[1]
 
-backend shop
-    balance roundrobin
-    cookie SRV insert indirect nocache   # a user stays on its host; elasticd's elastic_uid keeps it on its worker
-    # weight 100: the agent's percentage is of this weight (HAProxy rounds down: of weight 1, 98 % is 0)
-    server a {a}:{a_port} cookie a weight 100 check inter 300ms fall 1 rise 2 {agent_a}
-    server b {b}:{b_port} cookie b weight 100 check inter 300ms fall 1 rise 2 {agent_b}
-"""
-# Each host's agent, asked for the app by its domain (elasticd answers for that app's room).
-AGENT = 'agent-check agent-addr {host} agent-port {port} agent-inter 300ms agent-send "shop.localhost\\n"'
+
+def haproxy_config(stats: Path, port: int, a, b) -> str:
+    """The README's snippet, with this test's addresses, ports, domain and shorter intervals: what the test runs is
+    what the README says, line for line otherwise."""
+    text = readme_snippet()
+    for readme_address, host in (("10.0.0.5", a), ("10.0.0.6", b)):
+        text = text.replace(f"{readme_address}:8080", f"{host.host}:{host.port}")
+        text = text.replace(f"agent-addr {readme_address} agent-port 9465",
+                            f"agent-addr {host.host} agent-port {host.agent_port}")
+    text = text.replace("inter 2s", "inter 300ms").replace("shop.example.com", "shop.localhost")
+    assert "10.0.0." not in text and "9465" not in text, text
+    return (f"global\n    stats socket {stats} mode 600 level admin\n\n" + text
+            + f"\nfrontend web\n    bind 127.0.0.1:{port}\n    default_backend shop\n")
 
 
 class HAProxy:
     def __init__(self, tmp: Path, a, b) -> None:
         self.port, self.stats = free_port(), tmp / "haproxy.sock"
         config = tmp / "haproxy.cfg"
-        config.write_text(HAPROXY_CONFIG.format(stats=self.stats, port=self.port, a=a.host, a_port=a.port, b=b.host,
-                                                b_port=b.port, agent_a=AGENT.format(host=a.host, port=a.agent_port),
-                                                agent_b=AGENT.format(host=b.host, port=b.agent_port)))
+        config.write_text(haproxy_config(self.stats, self.port, a, b))
         check = subprocess.run([HAPROXY, "-c", "-f", str(config)], capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
         self.log = open(tmp / "haproxy.log", "wb")  # noqa: SIM115 - closed in stop()
@@ -116,14 +109,16 @@ class HAProxy:
 
 
 class User:
-    """A browser through HAProxy: it keeps HAProxy's SRV cookie and elasticd's elastic_uid."""
+    """A browser through HAProxy: it keeps HAProxy's SRV cookie and elasticd's elastic_uid; ``keep_alive``: and its
+    connection, from one request to the next (HAProxy may then reuse its connection to the host, too)."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, keep_alive: bool = False) -> None:
         self.port = port
         self.cookies: dict[str, str] = {}
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30) if keep_alive else None
 
     def get(self, path: str = "/") -> tuple[int, str]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        conn = self.conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         try:
             cookie = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
             conn.request("GET", path, headers={"Host": "shop.localhost", **({"Cookie": cookie} if cookie else {})})
@@ -134,7 +129,8 @@ class User:
                 self.cookies[name.strip()] = rest.split(";")[0]
             return response.status, body
         finally:
-            conn.close()
+            if self.conn is None:
+                conn.close()
 
     def host(self) -> str:
         status, body = self.get()
@@ -149,7 +145,7 @@ def _sleep_on(host, port: int, ms: int) -> threading.Thread:
         conn.request("GET", f"/sleep?ms={ms}", headers={"Host": "shop.localhost"})
         conn.getresponse().read()
         conn.close()
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
 
@@ -162,29 +158,41 @@ def _ip(*args: str) -> subprocess.CompletedProcess[str]:
 def networks():
     """Two hosts' (address, namespace): a namespace each, with a veth pair to this one (198.18.N.1 here, .2 there),
     removed at the end; two loopback addresses and no namespace where they cannot be made (not root, no ip)."""
-    tag = f"el{os.getpid() % 100000}"
+    pid = os.getpid()
+    tag = f"el{pid % 100000}"
     made: list[str] = []
+    links: list[str] = []
     hosts: list[tuple[str, str | None]] = []
+
+    def clean() -> None:
+        for ns in made:  # its end of each veth pair goes with it, and so does this end
+            _ip("netns", "del", ns)
+        for link in links:  # (one left outside by a step that failed half-way)
+            _ip("link", "del", link)
+
     try:
         for n in (1, 2):
+            # A /30 of this run's own (from its pid): two runs at once, or one killed earlier, do not collide.
+            third, fourth = pid % 256, 4 * n
+            here, there = f"198.18.{third}.{fourth + 1}", f"198.18.{third}.{fourth + 2}"
             ns, outside, inside = f"{tag}h{n}", f"{tag}o{n}", f"{tag}i{n}"
             steps = [("netns", "add", ns), ("link", "add", outside, "type", "veth", "peer", "name", inside),
-                     ("link", "set", inside, "netns", ns), ("addr", "add", f"198.18.{n}.1/30", "dev", outside),
-                     ("link", "set", outside, "up"), ("-n", ns, "addr", "add", f"198.18.{n}.2/30", "dev", inside),
+                     ("link", "set", inside, "netns", ns), ("addr", "add", f"{here}/30", "dev", outside),
+                     ("link", "set", outside, "up"), ("-n", ns, "addr", "add", f"{there}/30", "dev", inside),
                      ("-n", ns, "link", "set", inside, "up"), ("-n", ns, "link", "set", "lo", "up")]
             for step in steps:
                 if shutil.which("ip") is None or os.geteuid() != 0 or _ip(*step).returncode != 0:
                     raise OSError(f"ip {' '.join(step)}")
                 if step[:2] == ("netns", "add"):
                     made.append(ns)
-            hosts.append((f"198.18.{n}.2", ns))
+                elif step[:2] == ("link", "add"):
+                    links.append(outside)
+            hosts.append((there, ns))
     except OSError:
-        for ns in made:
-            _ip("netns", "del", ns)
-        made, hosts = [], [("127.0.0.2", None), ("127.0.0.3", None)]
+        clean()
+        made, links, hosts = [], [], [("127.0.0.2", None), ("127.0.0.3", None)]
     yield hosts
-    for ns in made:  # (the daemons in them were stopped first: this fixture was set up before theirs)
-        _ip("netns", "del", ns)  # its end of the veth pair goes with it, and so does this end
+    clean()  # (the daemons in them were stopped first: this fixture was set up before theirs)
 
 
 def test_hosts_behind_haproxy_weighted_by_their_agents_and_drained_before_they_stop(networks, daemons, tmp_path):
@@ -193,7 +201,7 @@ def test_hosts_behind_haproxy_weighted_by_their_agents_and_drained_before_they_s
         agent_port = free_port()
         d = daemons(APP.format(root=tmp_path, host=name), host=address, netns=netns,
                     extra_server=f"  occupancy_interval: 200ms\n  hung_after: 3s\n"
-                                 f"  agent_listen: {address}:{agent_port}\n  stop_drain: 3s\n")
+                                 f"  agent_listen: {address}:{agent_port}\n  stop_drain: 6s\n")
         d.agent_port = agent_port
         d.start()
         hosts.append(d)
@@ -207,14 +215,16 @@ def test_hosts_behind_haproxy_weighted_by_their_agents_and_drained_before_they_s
         assert "acme/shop: room" in servers["a"]["last_agt"], servers["a"]  # the agent's own words, in HAProxy
 
         users = [User(haproxy.port) for _ in range(8)]
+        users += [User(haproxy.port, keep_alive=True) for _ in range(4)]  # (one connection each, kept)
         home = {id(u): u.host() for u in users}
         assert set(home.values()) == {"host-a", "host-b"}, home  # spread over both
+        assert any(home[id(u)] == "host-a" for u in users if u.conn is not None), home
         for user in users:  # and each stays on its host
             for _ in range(2):
                 assert user.host() == home[id(user)]
 
         # Host A saturated (its only worker busy with work HAProxy never sent): its agent says 0 %.
-        busy = [_sleep_on(a.host, a.port, 4000) for _ in range(2)]
+        busy = [_sleep_on(a.host, a.port, 8000) for _ in range(2)]
         haproxy.wait(lambda s: s["a"]["weight"] == "0", "host a's weight down to 0")
         newcomers = [User(haproxy.port) for _ in range(6)]
         assert [u.host() for u in newcomers] == ["host-b"] * 6
@@ -246,7 +256,7 @@ def test_hosts_behind_haproxy_weighted_by_their_agents_and_drained_before_they_s
             else:
                 assert body.split("\n")[0] == "host-b"
         assert failures == []
-        assert "stopping: the agent answers drain for 3s first" in a.log_text()
+        assert "stopping: the agent answers drain for 6s first" in a.log_text()
     finally:
         haproxy.stop()
 

@@ -8,9 +8,9 @@ from elasticd.agent.line import MAX_HINT, AppRoom, GroupRoom, Hint, app_line, ho
 
 
 def group(*occupancies: float, held_workers: int | None = None, max_workers: int | None = 4, held: bool = False,
-          rt: float = 0.5, at: float = 0.8) -> GroupRoom:
+          rt: float = 0.5, at: float = 0.8, failed: bool = False, share: float = 1.0) -> GroupRoom:
     return GroupRoom(tuple(occupancies), len(occupancies) if held_workers is None else held_workers, max_workers,
-                     rt, at, held)
+                     rt, at, held, failed, share)
 
 
 # potential at max 4: 0.5 + 3 * 0.8 = 2.9
@@ -24,8 +24,12 @@ def group(*occupancies: float, held_workers: int | None = None, max_workers: int
     ([group(0.0, held_workers=4)], 17),  # four held (starting, draining): only the routable one's headroom
     ([group(0.0, max_workers=None)], 100),  # unbounded: it can always start another
     ([group(0.0, max_workers=None, held=True)], 0),
-    ([group(0.5, 0.8, 0.8, 0.8), group(0.0)], 50),  # a full default and an idle canary: 2.9 of 5.8
+    ([group(0.5, 0.8, 0.8, 0.8, share=0.9), group(0.0, share=0.1)], 10),  # a full default, an idle 10 % canary
+    ([group(0.5, 0.8, 0.8, 0.8, share=0.5), group(0.0, share=0.5)], 50),  # … a 50 % one
     ([group(held_workers=0)], 100),  # at zero (min_workers 0): a cold start can give it everything
+    ([group(held_workers=0, max_workers=1, rt=0.9, at=0.5)], 100),  # the first to start is the reception (0.9)
+    ([group(held_workers=0, failed=True)], 0),  # its workers failed, none serves: it takes no one
+    ([group(0.0, failed=True, share=0.9), group(0.0, share=0.1)], 10),  # a dead default is no room
     ([], 0),
 ])
 def test_the_weight_is_the_room_over_what_the_groups_could_hold(groups, weight):
@@ -36,12 +40,16 @@ SHOP = AppRoom("acme/shop", (group(0.5),))
 
 
 @pytest.mark.parametrize(("app", "stopping", "line"), [
-    (SHOP, False, "up ready 82% #acme/shop: room 2.40 of 2.90\n"),
+    (SHOP, False, "up ready 82% maxconn:0 #acme/shop: room 2.40 of 2.90\n"),
     (AppRoom("acme/shop", (group(0.5),), maxconn=64), False, "up ready 82% maxconn:64 #acme/shop: room 2.40 of 2.90\n"),
     (AppRoom("acme/shop", (group(0.1, held=True),)), False,
-     "up ready 0% #acme/shop: room 0.00 of 2.90 (held by a cgroup limit)\n"),
+     "up ready 0% maxconn:0 #acme/shop: room 0.00 of 2.90 (held by a cgroup limit)\n"),
     (SHOP, True, "drain #acme/shop: elasticd is stopping\n"),
-    (AppRoom("acme/shop", (), draining=True), False, "drain #acme/shop: being removed\n"),
+    (AppRoom("acme/shop", (group(0.0),), draining=True), False, "drain #acme/shop: its workers are being emptied\n"),
+    (AppRoom("acme/shop", (), removed=True), False, "maint #acme/shop: removed from this host\n"),
+    (AppRoom("acme/shop", (), removed=True), True, "maint #acme/shop: removed from this host\n"),
+    (AppRoom("acme/shop", (), remote=True, maxconn=8), False,
+     "up ready 100% maxconn:8 #acme/shop: served by nodes (their own agents say their room)\n"),
     (AppRoom("acme/shop", (group(),), failed=True), False, "maint #acme/shop: its workers failed\n"),
     (AppRoom("acme/shop", (group(),), failed=True), True, "drain #acme/shop: elasticd is stopping\n"),
     (None, False, "down #no app shop.example here\n"),

@@ -28,8 +28,8 @@ tenants:
 """
 
 
-def worker(state: str = "running") -> SimpleNamespace:
-    return SimpleNamespace(state=state, routable=state == "running")
+def worker(state: str = "running", number: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(state=state, routable=state == "running", id=f"acme.shop.green.{number}")
 
 
 class Fakes:
@@ -37,10 +37,11 @@ class Fakes:
         self.workers = {("acme", "shop", "green"): [worker()], ("acme", "shop", "blue"): [worker(), worker()]}
         self.bound: dict = {}
         self.alive = True
-        self.pool = SimpleNamespace(occupancies_of=lambda key: [0.2] * len(self.workers.get(key, [])),
-                                    limits_bound=lambda: self.bound)
+        self.pool = SimpleNamespace(occupancies_of=lambda key: [0.2] * sum(w.routable for w in self.workers[key]),
+                                    limits_bound=lambda: self.bound, draining=set())
+        # (as Supervisor.held: every worker with a process or about to have one, failed ones not)
         self.supervisor = SimpleNamespace(workers_of=lambda key: self.workers.get(key, []),
-                                          held=lambda key: len(self.workers.get(key, [])),
+                                          held=lambda key: sum(w.state != "failed" for w in self.workers[key]),
                                           holds_app=lambda tenant, app: self.alive)
 
 
@@ -54,6 +55,8 @@ def test_an_app_by_its_domain_or_name_with_its_active_groups_only():
     # green: 1 worker at 0.2 of max 2: (0.5 - 0.2 + 0.8) / 1.3
     assert app_line(rooms.resolve("shop.example"), "shop.example") == \
         "up ready 84% maxconn:64 #acme/shop: room 1.10 of 1.30\n"
+    fakes.pool.draining = {"acme.shop.green.1"}  # its only worker being emptied (moved off, retired)
+    assert app_line(rooms.resolve("acme/shop"), "acme/shop") == "drain #acme/shop: its workers are being emptied\n"
     assert rooms.resolve("nope.example") is None and rooms.resolve("acme/nope") is None
 
 
@@ -67,12 +70,13 @@ def test_held_failed_and_removed():
     fakes.bound.clear()
     fakes.workers[("acme", "shop", "green")] = [worker("failed")]
     assert app_line(rooms.resolve("acme/shop"), "acme/shop") == "maint #acme/shop: its workers failed\n"
-    fakes.workers[("acme", "shop", "green")] = [worker("failed"), worker()]  # one still serves: not failed
+    fakes.workers[("acme", "shop", "green")] = [worker("failed"), worker(number=2)]  # one still serves: not failed
     assert app_line(rooms.resolve("acme/shop"), "acme/shop").startswith("up ready")
 
     rooms.apply(parse_config(CONFIG.replace("shop:", "other:").replace("shop.example", "other.example")))
-    assert app_line(rooms.resolve("shop.example"), "shop.example") == "drain #acme/shop: being removed\n"
-    assert app_line(rooms.resolve("acme/shop"), "acme/shop") == "drain #acme/shop: being removed\n"
+    # Removed: the front answers its users 404 at once, so HAProxy must send them elsewhere (maint, not drain).
+    assert app_line(rooms.resolve("shop.example"), "shop.example") == "maint #acme/shop: removed from this host\n"
+    assert app_line(rooms.resolve("acme/shop"), "acme/shop") == "maint #acme/shop: removed from this host\n"
     fakes.alive = False  # its workers finished
     assert rooms.resolve("shop.example") is None
     rooms.apply(config)  # back in the config
@@ -107,5 +111,21 @@ def test_a_stop_drain_nothing_hears_or_the_unit_would_cut_is_said():
     assert balancer_warnings(parse_config(CONFIG)) == []
     assert balancer_warnings(parse_config("server: {agent_listen: 127.0.0.1:9465, stop_drain: 5s}\n" + CONFIG)) == []
     assert "without server.agent_listen" in balancer_warnings(parse_config("server: {stop_drain: 5s}\n" + CONFIG))[0]
-    long = parse_config("server: {agent_listen: 127.0.0.1:9465, stop_drain: 55s, stop_timeout: 10s}\n" + CONFIG)
-    assert "TimeoutStopSec (60s)" in balancer_warnings(long)[0]
+    long = parse_config("server: {agent_listen: 127.0.0.1:9465, stop_drain: 20s, stop_timeout: 20s}\n" + CONFIG)
+    assert "TimeoutStopSec (60s)" in balancer_warnings(long)[0]  # 20 + 2 × 20: the front's grace, then the workers'
+    fits = parse_config("server: {agent_listen: 127.0.0.1:9465, stop_drain: 20s, stop_timeout: 19s}\n" + CONFIG)
+    assert balancer_warnings(fits) == []
+
+
+def test_a_canary_counts_by_its_share_and_an_app_of_nodes_defers_to_their_agents():
+    fakes = Fakes()
+    rooms = AgentRooms(fakes.pool, fakes.supervisor)  # type: ignore[arg-type]
+    rooms.apply(parse_config(CONFIG.replace("default_group: green", "default_group: green\n        canary: "
+                                                                      "{group: blue, share: 10%}")))
+    app = rooms.resolve("acme/shop")
+    assert app is not None and [(len(g.occupancies), g.share) for g in app.groups] == [(2, 0.1), (1, 0.9)]
+    remote = CONFIG.replace("          blue:\n            command: [\"x\"]\n",
+                            "          blue:\n            nodes: [{url: \"http://10.0.0.5:8000\"}]\n")
+    rooms.apply(parse_config(remote.replace("default_group: green", "default_group: blue")))
+    assert app_line(rooms.resolve("acme/shop"), "acme/shop") == \
+        "up ready 100% maxconn:64 #acme/shop: served by nodes (their own agents say their room)\n"

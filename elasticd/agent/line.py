@@ -16,10 +16,14 @@ The weight is the room a group has over the most it could hold:
 - over its capacity at ``max_workers`` (``reception_threshold + (max - 1) * admission_threshold``).
 
 A group whose scale-up is held by the tenant's cgroup limit is full (0 %), whatever its workers say: another
-worker would get nothing, and HAProxy should send new users to a host that can take them. An app's weight is
-that of its active groups together (the default and the canary); the host's, that of its apps. ``drain`` while
-elasticd is stopping (``server.stop_drain``) or the app is being removed; ``maint`` when the app cannot serve (its
-workers failed); ``up`` again, with its weight, once it can.
+worker would get nothing, and HAProxy should send new users to a host that can take them; so is a group whose
+workers failed and none serves. An app's weight is that of its active groups, each by the share of new users it
+gets (the default ``1 - share``, the canary ``share``); the host's, that of its apps. ``drain`` while elasticd is
+stopping (``server.stop_drain``: the front still serves the users HAProxy keeps sending by their cookie) or while
+every worker of the app is being emptied; ``maint`` when the app cannot serve — its workers failed, or a reload
+removed it (the front answers its users 404 at once: HAProxy must send them elsewhere, which ``drain`` would
+not); ``up`` again, with its weight, once it can. ``maxconn`` is sent in every answer (0: none), because HAProxy
+keeps the last one it was told.
 """
 
 from __future__ import annotations
@@ -46,10 +50,12 @@ class GroupRoom:
     reception_threshold: float
     admission_threshold: float
     held: bool = False
+    failed: bool = False  # its workers failed and none serves: it takes no one
+    share: float = 1.0  # the share of the app's new users it gets (the canary's, or the rest)
 
     @property
     def room(self) -> float:
-        if self.held:
+        if self.held or self.failed:
             return 0.0
         n = len(self.occupancies)
         capacity = self.reception_threshold + (n - 1) * self.admission_threshold if n else 0.0
@@ -57,6 +63,9 @@ class GroupRoom:
         if self.max_workers is None:
             return math.inf
         startable = max(self.max_workers - max(self.held_workers, n), 0)
+        if startable and not n and not self.held_workers:
+            # at zero: the first to start is the reception, worth its own threshold
+            return headroom + self.reception_threshold + (startable - 1) * self.admission_threshold
         return headroom + startable * self.admission_threshold
 
     @property
@@ -71,38 +80,46 @@ class GroupRoom:
 class AppRoom:
     name: str  # "tenant/app"
     groups: tuple[GroupRoom, ...]
-    draining: bool = False  # being removed (a reload dropped it; its workers finish)
+    draining: bool = False  # every worker of it is being emptied (moved off, retired)
     failed: bool = False  # it cannot serve: no routable worker and one that failed
+    removed: bool = False  # a reload removed it (its workers finish; its users get 404)
+    remote: bool = False  # its active groups are nodes: (another host's room: that host's agent says it)
     maxconn: int | None = None  # its tenant's max_concurrent_requests (HAProxy queues beyond it)
 
 
 def weight_of(groups: Sequence[GroupRoom]) -> int:
-    """The weight in percent (0 to 100) of these groups together: their room over their potential."""
-    if any(g.max_workers is None and not g.held for g in groups):
-        return 100  # unbounded and not held: it can always start another worker
-    return _bounded(groups)
-
-
-def _bounded(groups: Sequence[GroupRoom]) -> int:
-    bounded = [g for g in groups if g.max_workers is not None]
-    potential = sum(g.potential for g in bounded)
-    if potential <= 0:
+    """The weight in percent (0 to 100) of these groups together: each one's room over its potential, weighed by
+    the share of new users it gets."""
+    shares = sum(g.share for g in groups)
+    if shares <= 0:
         return 0
-    return max(0, min(100, math.floor(100 * sum(g.room for g in bounded) / potential)))
+    return max(0, min(100, math.floor(100 * sum(g.share * _ratio(g) for g in groups) / shares)))
+
+
+def _ratio(group: GroupRoom) -> float:
+    if group.held or group.failed:
+        return 0.0
+    if group.max_workers is None:
+        return 1.0  # unbounded and not held: it can always start another worker
+    return min(group.room / group.potential, 1.0) if group.potential > 0 else 0.0
 
 
 def app_line(app: AppRoom | None, hint: str, stopping: bool = False) -> str:
     """The answer to a check that named an app (``hint``); ``app`` None: the hint names no app of this host."""
     if app is None:
         return f"down #no app {_safe(hint)} here\n"
+    if app.removed:
+        return f"maint #{app.name}: removed from this host\n"
     if stopping:
         return f"drain #{app.name}: elasticd is stopping\n"
-    if app.draining:
-        return f"drain #{app.name}: being removed\n"
     if app.failed:
         return f"maint #{app.name}: its workers failed\n"
+    if app.draining:
+        return f"drain #{app.name}: its workers are being emptied\n"
+    maxconn = f" maxconn:{app.maxconn or 0}"
+    if app.remote:
+        return f"up ready 100%{maxconn} #{app.name}: served by nodes (their own agents say their room)\n"
     weight = weight_of(app.groups)
-    maxconn = f" maxconn:{app.maxconn}" if app.maxconn is not None else ""
     held = " (held by a cgroup limit)" if any(g.held for g in app.groups) else ""
     return f"up ready {weight}%{maxconn} #{app.name}: room {_room_text(app.groups)}{held}\n"
 
@@ -111,8 +128,10 @@ def host_line(apps: Sequence[AppRoom], stopping: bool = False) -> str:
     """The answer with no hint: the whole host, its apps that can serve together."""
     if stopping:
         return "drain #elasticd is stopping\n"
-    serving = [a for a in apps if not a.draining and not a.failed]
+    serving = [a for a in apps if not a.draining and not a.failed and not a.removed and not a.remote]
     if not serving:
+        if any(a.remote for a in apps):
+            return "up ready 100% #served by nodes (their own agents say their room)\n"
         return "maint #no app can serve\n" if apps else "up ready 100% #no app configured\n"
     groups = [g for a in serving for g in a.groups]
     return f"up ready {weight_of(groups)}% #{len(serving)} app{'s' if len(serving) != 1 else ''}: room " \

@@ -4,6 +4,8 @@ the supervisor see them now (``line.AppRoom``), found by a domain or ``tenant/ap
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from elasticd.agent.line import AppRoom, GroupRoom
 from elasticd.config.model import Config
 from elasticd.front.core.routing import RouteTable
@@ -11,6 +13,8 @@ from elasticd.pool.manager import PoolManager
 from elasticd.supervisor.supervisor import Supervisor
 
 __all__ = ["AgentRooms"]
+
+GroupKey = tuple[str, str, str]
 
 
 class AgentRooms:
@@ -51,31 +55,45 @@ class AgentRooms:
             if route is not None:
                 return self.app(route.tenant, route.app)
         removed = self._removed.get(hint)
-        if removed is not None and self._supervisor.holds_app(*removed):
-            return AppRoom("/".join(removed), (), draining=True)
+        if removed is not None:
+            if self._supervisor.holds_app(*removed):
+                return AppRoom("/".join(removed), (), removed=True)
+            del self._removed[hint]  # its workers finished: it is simply not here any more
         return None
 
-    def app(self, tenant: str, app: str) -> AppRoom:
+    def app(self, tenant: str, app: str, bound: Mapping[GroupKey, frozenset[str]] | None = None) -> AppRoom:
         assert self._config is not None
         configured = self._config.tenants[tenant]
         model = configured.apps[app]
+        bound = self._pool.limits_bound() if bound is None else bound
+        draining = self._pool.draining
         groups = []
-        routable = failed = False
+        routable = failed = remote = False
+        emptying = True  # every worker of its active groups being emptied (and at least one)
         for name in sorted(model.active_groups):
             group = model.groups[name]
             key = (tenant, app, name)
             if not group.spawned:
-                continue  # (nodes: another host's room is its own agent's to say)
+                remote = True  # (nodes: another host's room is its own agent's to say)
+                continue
             workers = self._supervisor.workers_of(key)
-            routable = routable or any(w.routable for w in workers)
-            failed = failed or any(w.state == "failed" for w in workers)
+            serving = any(w.routable for w in workers)
+            dead = any(w.state == "failed" for w in workers) and not serving
+            routable, failed = routable or serving, failed or dead
+            emptying = emptying and bool(workers) and all(w.id in draining for w in workers)
+            share = 1.0 if model.canary is None else (model.canary.share if name == model.canary.group
+                                                       else 1.0 - model.canary.share)
             pool = group.pool
             groups.append(GroupRoom(tuple(self._pool.occupancies_of(key)), self._supervisor.held(key),
                                     pool.max_workers, pool.reception_threshold, pool.admission_threshold,
-                                    held=bool(self._pool.limits_bound().get(key))))
+                                    held=bool(bound.get(key)), failed=dead, share=share))
         return AppRoom(f"{tenant}/{app}", tuple(groups), failed=failed and not routable,
+                       draining=bool(groups) and emptying, remote=remote and not groups,
                        maxconn=configured.quotas.max_concurrent_requests)
 
     def apps(self) -> list[AppRoom]:
         config = self._config
-        return [] if config is None else [self.app(t.name, a.name) for t, a in config.apps()]
+        if config is None:
+            return []
+        bound = self._pool.limits_bound()  # (once for the host's answer, not once per group)
+        return [self.app(t.name, a.name, bound) for t, a in config.apps()]

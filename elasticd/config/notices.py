@@ -22,10 +22,12 @@ def balancer_warnings(config: Config) -> list[str]:
     if server.agent_listen is None:
         return ["server.stop_drain is set without server.agent_listen: no balancer hears the drain, so a stop does "
                 "not wait for it"]
-    if server.stop_drain + server.stop_timeout >= UNIT_STOP_TIMEOUT:
-        return [f"server.stop_drain ({server.stop_drain:g}s) and stop_timeout ({server.stop_timeout:g}s) together "
-                f"are not under the unit's TimeoutStopSec ({UNIT_STOP_TIMEOUT:g}s): systemd would kill elasticd "
-                "before its workers stop (raise TimeoutStopSec in a drop-in)"]
+    # A stop takes at most the drain, the front's grace and the workers' (each stop_timeout).
+    if server.stop_drain + 2 * server.stop_timeout >= UNIT_STOP_TIMEOUT:
+        return [f"server.stop_drain ({server.stop_drain:g}s) and twice stop_timeout ({server.stop_timeout:g}s: the "
+                f"front's grace, then the workers') are not under the shipped unit's TimeoutStopSec "
+                f"({UNIT_STOP_TIMEOUT:g}s): systemd may kill elasticd before its workers stop (unless a drop-in "
+                "raised it)"]
     return []
 
 
