@@ -2,10 +2,10 @@
 
 Start: validate the config, claim the cgroup base (moving elasticd into ``<base>/server`` before anything
 else when the base is its own cgroup), write every limit, start the workers, then ``READY=1``. Signals are
-dispatched by name (``SIGHUP`` → a reload, ``SIGTERM``/``SIGINT`` → stop). Reloads run one at a time as
-tasks, whether they come from SIGHUP or ``POST /v1/reload``; a stop never waits behind one: it cancels the
-activation or reload under way (a reload can wait up to 30 s for new workers to become routable) and shuts
-down at once.
+dispatched by name (``SIGHUP`` → a reload, ``SIGTERM``/``SIGINT`` → stop; behind a balancer, ``SIGTERM`` first
+answers HAProxy's agent ``drain`` for ``server.stop_drain``, still serving). Reloads run one at a time as tasks,
+whether they come from SIGHUP or ``POST /v1/reload``; a stop never waits behind one: it cancels the activation or
+reload under way (a reload can wait up to 30 s for new workers to become routable) and shuts down.
 
 The shutdown is bounded, in this order: the front stops accepting and lets answers under way finish (up to
 ``stop_timeout``); then every worker elasticd ever started and has not stopped — in a group, being launched,

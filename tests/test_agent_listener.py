@@ -41,7 +41,7 @@ async def check(port: int, send: bytes | None) -> tuple[str, float]:
 
 
 @pytest.mark.parametrize(("send", "line", "waits"), [
-    (b"shop.example\n", "up ready 100% maxconn:0 #acme/shop: room 1.30 of 1.30\n", False),  # the newline: answered at once
+    (b"shop.example\n", "up ready 100% maxconn:0 #acme/shop: room 1.30 of 1.30\n", False),  # answered at once
     (b"acme/shop", "up ready 100% maxconn:0 #acme/shop: room 1.30 of 1.30\n", True),  # none: once the wait is over
     (None, "up ready 100% #1 app: room 1.30 of 1.30\n", True),  # nothing sent: the whole host
     (b"other.example\n", "down #no app other.example here\n", False),

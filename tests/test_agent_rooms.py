@@ -112,7 +112,7 @@ def test_a_stop_drain_nothing_hears_or_the_unit_would_cut_is_said():
     assert balancer_warnings(parse_config("server: {agent_listen: 127.0.0.1:9465, stop_drain: 5s}\n" + CONFIG)) == []
     assert "without server.agent_listen" in balancer_warnings(parse_config("server: {stop_drain: 5s}\n" + CONFIG))[0]
     long = parse_config("server: {agent_listen: 127.0.0.1:9465, stop_drain: 20s, stop_timeout: 20s}\n" + CONFIG)
-    assert "TimeoutStopSec (60s)" in balancer_warnings(long)[0]  # 20 + 2 × 20: the front's grace, then the workers'
+    assert "TimeoutStopSec (60s)" in balancer_warnings(long)[0]  # 20 + 2 x 20: the front's grace, then the workers'
     fits = parse_config("server: {agent_listen: 127.0.0.1:9465, stop_drain: 20s, stop_timeout: 19s}\n" + CONFIG)
     assert balancer_warnings(fits) == []
 
