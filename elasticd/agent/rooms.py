@@ -10,11 +10,11 @@ from elasticd.agent.line import AppRoom, GroupRoom
 from elasticd.config.model import Config
 from elasticd.front.core.routing import RouteTable
 from elasticd.pool.manager import PoolManager
+from elasticd.pool.ports import GroupKey
 from elasticd.supervisor.supervisor import Supervisor
 
 __all__ = ["AgentRooms"]
 
-GroupKey = tuple[str, str, str]
 
 
 class AgentRooms:

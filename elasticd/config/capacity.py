@@ -77,7 +77,7 @@ def capacity_block(walk: Walk, node: Any, path: str, line: int | None, *, for_no
         if url is not None and not for_node:
             walk.error(f"{path}.url", walk.key_line(m, "url"),
                        "a worker is probed on its own socket: give its path (e.g. /metrics), not a URL")
-        return _replace(capacity, path=walk.value(m, "path", path, _url_path, d.path), url=url,
+        return replace(capacity, path=walk.value(m, "path", path, _url_path, d.path), url=url,
                         running=walk.value(m, "running", path, _names, ()),
                         waiting=walk.value(m, "waiting", path, _names, ()))
     if probe == "registry":
@@ -89,7 +89,7 @@ def capacity_block(walk: Walk, node: Any, path: str, line: int | None, *, for_no
         for name, value in (("url", url), ("secret_file", secret_file)):
             if value is None and m.get(name) is None:  # (absent or null: a bad value was said already)
                 walk.error(f"{path}.{name}", line, "missing: a registry probe needs a url and a secret_file")
-        return _replace(capacity, url=url, secret_file=secret_file,
+        return replace(capacity, url=url, secret_file=secret_file,
                         key_file=walk.value(m, "key_file", path, absolute_path, None),
                         app=walk.value(m, "app", path, _app, None),
                         max_skew=walk.value(m, "max_skew", path, duration, d.max_skew))
@@ -97,7 +97,7 @@ def capacity_block(walk: Walk, node: Any, path: str, line: int | None, *, for_no
         cls = walk.value(m, "class", path, _class_name, None)
         if cls is None and m.get("class") is None:
             walk.error(f"{path}.class", line, 'missing: a custom probe names its class ("module:Class")')
-        return _replace(capacity, cls=cls)
+        return replace(capacity, cls=cls)
     return capacity
 
 
@@ -153,10 +153,6 @@ def registry_section(walk: Walk, server: dict[Any, Any]) -> Registry | None:
 
 
 # --------------------------------------------------------------------------------------------- scalars
-
-
-def _replace(capacity: Capacity, **changes: Any) -> Capacity:
-    return replace(capacity, **changes)
 
 
 def _positive_duration(value: Any) -> float:

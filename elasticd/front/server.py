@@ -20,7 +20,7 @@ from elasticd.config.model import Address, Quotas
 from elasticd.front import serving
 from elasticd.front.client import ClientConn
 from elasticd.front.core.counters import ForwardCounters
-from elasticd.front.core.dispatch import Hold, Refuse, Room, Target, Wake, decide
+from elasticd.front.core.dispatch import Hold, Refuse, Room, Target, Wake, decide, has_room
 from elasticd.front.core.exchange import Exchange
 from elasticd.front.core.holds import Holds
 from elasticd.front.core.quota import QuotaBook
@@ -54,11 +54,6 @@ _WAKE_RETRY_AFTER: Final = 5  # seconds a client is told to wait after a cold st
 
 def _group_name(key: tuple[str, str, str]) -> str:
     return f"{key[0]}/{key[1]}/{key[2]}"
-
-
-def _refuses(full: Mapping[str, tuple[float, int, float]], worker: str, now: float) -> bool:
-    refused = full.get(worker)
-    return refused is not None and refused[0] > now
 
 
 class Front:
@@ -274,10 +269,10 @@ class Front:
             retry_after, wait = self._room_terms[key]
             if "/" in key:
                 tenant, app, group = key.split("/")
-                roomy = any(w.worker_id not in self.unroutable and not _refuses(full, w.worker_id, now)
+                roomy = any(w.worker_id not in self.unroutable and has_room(full, w.worker_id, now)
                             for w in self._workers(tenant, app, group))
             else:
-                roomy = not _refuses(full, key, now)
+                roomy = has_room(full, key, now)
             if roomy:
                 del self._room_terms[key]
                 self._dispatch_held(self.rooms.release(key), key)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from elasticd.config.model import Capacity
+from elasticd.pool.ports import GroupKey
 from elasticd.probes.factory import ProbeError, build_probe
 from elasticd.probes.probe import Probe, ProbeTarget
 from elasticd.probes.reading import Reading, Readings, backoff_reading, parse_retry_after
@@ -30,7 +31,6 @@ __all__ = ["CapacityState", "source_key"]
 
 log = logging.getLogger("elasticd.probes")
 
-GroupKey = tuple[str, str, str]
 FullMap = dict[str, tuple[float, int, float]]
 
 

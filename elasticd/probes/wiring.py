@@ -8,18 +8,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from elasticd.config.model import Config, Group, node_id
+from elasticd.config.model import Config, node_id
 from elasticd.front.core.sticky import RoutableWorker, Surface, place
 from elasticd.front.server import Front
 from elasticd.front.upstream import Upstream
 from elasticd.pool.manager import PoolManager
+from elasticd.pool.ports import GroupKey
 from elasticd.probes.probe import ProbeTarget
 from elasticd.probes.state import CapacityState
 from elasticd.supervisor.supervisor import Supervisor
 
 __all__ = ["CapacityWiring"]
 
-GroupKey = tuple[str, str, str]
 
 
 class CapacityWiring:
@@ -119,7 +119,7 @@ class CapacityWiring:
                     continue
                 key = (tenant.name, app.name, group.name)
                 workers = []
-                for wid, healthy in self._members(key, group):
+                for wid, healthy in self._members(key):
                     reading = self.state.tightest(wid)
                     limit = (group.capacity.limit if group.capacity is not None and group.capacity.limit
                              else group.concurrency)
@@ -132,7 +132,7 @@ class CapacityWiring:
             apps.append({"tenant": tenant.name, "app": app.name, "groups": groups})
         return apps
 
-    def _members(self, key: GroupKey, group: Group) -> list[tuple[str, bool]]:
+    def _members(self, key: GroupKey) -> list[tuple[str, bool]]:
         return [(w.id, w.routable) for w in self._supervisor.workers_of(key)]
 
     def describe_pool(self, state: dict[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from elasticd.front.core.sticky import (
     user_from_cookie,
 )
 
-__all__ = ["Forward", "Full", "Hold", "Refuse", "Room", "Target", "Wake", "WorkersOf", "decide"]
+__all__ = ["Forward", "Full", "Hold", "Refuse", "Room", "Target", "Wake", "WorkersOf", "decide", "has_room"]
 
 
 class Target:
@@ -208,14 +208,14 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
 
 def _roomy(full: Full, now: float, workers: Sequence[W], route: AppRoute, group: str) -> Sequence[W] | Room:
     """The workers a user may be placed on: those with room; a ``Room`` for the group when none has."""
-    roomy = [w for w in workers if (refused := full.get(w.worker_id)) is None or refused[0] <= now]  # (_room)
+    roomy = [w for w in workers if (refused := full.get(w.worker_id)) is None or refused[0] <= now]  # (has_room)
     if roomy:
         return roomy if len(roomy) != len(workers) else workers
     refusals = [full[w.worker_id] for w in workers]
     return Room(f"{route.tenant}/{route.app}/{group}", min(r[1] for r in refusals), max(r[2] for r in refusals))
 
 
-def _room(full: Full, worker: str, now: float) -> bool:
+def has_room(full: Full, worker: str, now: float) -> bool:
     """The worker takes requests: no reading says it is full, or that reading's time is over."""
     refused = full.get(worker)
     return refused is None or refused[0] <= now
