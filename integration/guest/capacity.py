@@ -33,7 +33,7 @@ ROOT = Path("/srv", TENANT, APP)
 SECRET = Path("/etc/elasticd/registry.key")
 RUNTIME_DIR = Path("/run/elasticd")
 RECEPTION, OTHER = f"{TENANT}.{APP}.{GROUP}.1", f"{TENANT}.{APP}.{GROUP}.2"
-BYPASS_MS = 6000
+BYPASS_MS = 20000  # work the front never sent: long enough for a slow TCG guest to see it (4-6 s here)
 
 CONFIG = """\
 server:
