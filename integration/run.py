@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """elasticd's VM suite, host side: prove the .deb on a real systemd + cgroup v2 host.
 
-    ./dev integration            (installs the host tools, builds the .deb, then runs this)
-    python3 integration/run.py [--deb dist/elasticd_X_amd64.deb] [--only cpu,reload] [--timeout 900]
+    ./dev integration [--suite bookworm|trixie]   (installs the host tools, builds the .deb, then runs this)
+    python3 integration/run.py [--suite trixie] [--deb dist/elasticd_X_amd64.deb] [--only cpu,reload]
+                               [--timeout 900]
 
-1. The .deb: the one given, else ``packaging/deb/build`` builds it.
-2. The image: Debian bookworm with systemd, a kernel and elasticd's Debian dependencies, built by
+The Debian release the guest runs is ``--suite``: bookworm (systemd 252, kernel 6.1, Python 3.11) or trixie
+(systemd 257, kernel 6.12, Python 3.13). Every scenario runs on both; where they differ, the scenario says so.
+
+1. The .deb: the one given (built for that release), else ``packaging/deb/build --suite SUITE`` builds it.
+2. The image: Debian SUITE with systemd, a kernel and elasticd's Debian dependencies, built by
    ``integration/image/build-image.sh`` and cached outside the checkout (``$ELASTICD_IT_CACHE``, default
-   /var/cache/elasticd-integration/<hash>/), keyed by a hash of its inputs: that script, the package list
-   and the files baked into it. CI clones afresh each time; the cache survives on the machine.
+   /var/cache/elasticd-integration/<suite>-<hash>/), keyed by the release and a hash of its inputs: that script,
+   the package list and the files baked into it. CI clones afresh each time; the cache survives on the machine.
 3. A run: a copy-on-write qcow2 overlay over the cached disk (the cache stays clean), a 9p share holding
    the .deb and integration/guest/, and qemu under TCG (no KVM on these machines) with 2 CPUs and
    1.5 GiB. The image's driver unit mounts the share, runs guest/run_scenarios.py (which installs the
@@ -43,8 +47,9 @@ REPO = HERE.parent
 IMAGE_DIR = HERE / "image"
 GUEST_DIR = HERE / "guest"
 DEFAULT_CACHE = Path(os.environ.get("ELASTICD_IT_CACHE", "/var/cache/elasticd-integration"))
-DEFAULT_WORK = REPO / "build" / "integration"
-KEEP_IMAGES = 2  # cached images kept (most recently used first); older ones are deleted
+DEFAULT_WORK = REPO / "build"  # the run directory is build/integration-<suite>
+SUITES = ("bookworm", "trixie")
+KEEP_IMAGES = 2  # cached images kept per release (most recently used first); older ones are deleted
 CONSOLE_TAIL = 40
 TOOLS = ("qemu-system-x86_64", "qemu-img", "mmdebstrap", "mkfs.ext4", "unshare")
 
@@ -60,11 +65,12 @@ def log(message: str) -> None:
 # ------------------------------------------------------------------------------------------------ the .deb
 
 
-def build_deb() -> Path:
-    log("building the .deb (packaging/deb/build)")
-    result = subprocess.run([str(REPO / "packaging" / "deb" / "build")], stdout=subprocess.PIPE, text=True)
+def build_deb(suite: str) -> Path:
+    log(f"building the .deb for {suite} (packaging/deb/build --suite {suite})")
+    result = subprocess.run([str(REPO / "packaging" / "deb" / "build"), "--suite", suite], stdout=subprocess.PIPE,
+                            text=True)
     if result.returncode != 0:
-        raise HarnessError("packaging/deb/build failed (see above)")
+        raise HarnessError(f"packaging/deb/build --suite {suite} failed (see above)")
     return REPO / result.stdout.strip().splitlines()[-1]
 
 
@@ -78,9 +84,10 @@ def image_inputs() -> list[Path]:
     return files
 
 
-def image_key() -> str:
-    """A hash of everything that decides the image's content: the files under integration/image/ (the
-    build script, the package list, the files baked in), and the settings the build script reads."""
+def image_key(suite: str) -> str:
+    """The release, then a hash of everything that decides the image's content: the files under
+    integration/image/ (the build script, the package list, the files baked in), and the settings the build
+    script reads."""
     digest = hashlib.sha256()
     for path in image_inputs():
         digest.update(str(path.relative_to(IMAGE_DIR)).encode() + b"\0")
@@ -88,13 +95,14 @@ def image_key() -> str:
         digest.update(str(path.stat().st_mode & 0o111).encode() + b"\0")
     for name in ("ELASTICD_IT_MIRROR", "ELASTICD_IT_DISK_SIZE"):
         digest.update(f"{name}={os.environ.get(name, '')}\0".encode())
-    return digest.hexdigest()[:16]
+    return f"{suite}-{digest.hexdigest()[:16]}"
 
 
-def ensure_image(cache: Path, rebuild: bool) -> tuple[Path, str]:
-    """The cached image for the current inputs, built first if absent. Returns (dir, 'cached'|'built Ns')."""
+def ensure_image(cache: Path, suite: str, rebuild: bool) -> tuple[Path, str]:
+    """The cached image of the release for the current inputs, built first if absent. Returns (dir,
+    'cached'|'built Ns')."""
     cache.mkdir(parents=True, exist_ok=True)
-    key = image_key()
+    key = image_key(suite)
     target = cache / key
     with open(cache / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two runs at once: one builds, the other waits and reuses
@@ -106,9 +114,9 @@ def ensure_image(cache: Path, rebuild: bool) -> tuple[Path, str]:
         partial = cache / f"{key}.partial"
         if partial.exists():
             shutil.rmtree(partial)
-        log(f"building the image {key} (integration/image/build-image.sh, a few minutes)")
+        log(f"building the image {key} (integration/image/build-image.sh, a minute or two)")
         start = time.monotonic()
-        result = subprocess.run([str(IMAGE_DIR / "build-image.sh"), str(partial)])
+        result = subprocess.run([str(IMAGE_DIR / "build-image.sh"), str(partial), suite])
         if result.returncode != 0:
             shutil.rmtree(partial, ignore_errors=True)
             raise HarnessError(f"the image build failed (exit {result.returncode}; see above)")
@@ -117,16 +125,22 @@ def ensure_image(cache: Path, rebuild: bool) -> tuple[Path, str]:
             shutil.rmtree(target)
         partial.rename(target)
         seconds = time.monotonic() - start
-        _prune(cache, keep=target)
+        _prune(cache, suite, keep=target)
         return target, f"built in {seconds:.0f}s"
 
 
-def _prune(cache: Path, keep: Path) -> None:
-    images = sorted((d for d in cache.iterdir() if d.is_dir() and (d / "complete").exists()),
+def _prune(cache: Path, suite: str, keep: Path) -> None:
+    # Per release: a bookworm run must not remove the trixie image the next step of CI boots.
+    images = sorted((d for d in cache.iterdir()
+                     if d.is_dir() and d.name.startswith(f"{suite}-") and (d / "complete").exists()),
                     key=lambda d: d.stat().st_mtime, reverse=True)
-    for old in [d for d in images if d != keep][KEEP_IMAGES - 1:]:
-        log(f"removing the old cached image {old}")
-        shutil.rmtree(old, ignore_errors=True)
+    old = [d for d in images if d != keep][KEEP_IMAGES - 1:]
+    # (and the images cached before the key named its release: all were bookworm's)
+    old += [d for d in cache.iterdir() if d.is_dir() and (d / "complete").exists()
+            and not d.name.startswith(tuple(f"{s}-" for s in SUITES))]
+    for image in old:
+        log(f"removing the old cached image {image}")
+        shutil.rmtree(image, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------------ the run
@@ -229,25 +243,31 @@ def check_tools() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--deb", type=Path, help="the .deb to test (default: build it with packaging/deb/build)")
+    parser.add_argument("--suite", choices=SUITES, default="bookworm",
+                        help="the Debian release the guest runs (default bookworm)")
+    parser.add_argument("--deb", type=Path,
+                        help="the .deb to test, built for that release (default: packaging/deb/build --suite)")
     parser.add_argument("--only", default="", help="comma-separated scenario names (e.g. cpu,reload)")
     parser.add_argument("--timeout", type=float, default=float(os.environ.get("ELASTICD_IT_TIMEOUT", 900)),
                         help="seconds for the whole guest run (boot, install, scenarios); default 900")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"image cache (default {DEFAULT_CACHE})")
-    parser.add_argument("--work", type=Path, default=DEFAULT_WORK, help=f"run directory (default {DEFAULT_WORK})")
+    parser.add_argument("--work", type=Path, help=f"run directory (default {DEFAULT_WORK}/integration-SUITE)")
     parser.add_argument("--memory", type=int, default=1536, help="guest memory in MiB (default 1536)")
     parser.add_argument("--cpus", type=int, default=2, help="guest CPUs (default 2)")
     parser.add_argument("--rebuild-image", action="store_true", help="rebuild the cached image")
     parser.add_argument("--quiet", action="store_true", help="do not echo the guest's console")
     args = parser.parse_args(argv)
+    suite = args.suite
+    if args.work is None:
+        args.work = DEFAULT_WORK / f"integration-{suite}"
     began = time.monotonic()
     counts = ""
     try:
         check_tools()
-        deb = args.deb.resolve() if args.deb else build_deb()
+        deb = args.deb.resolve() if args.deb else build_deb(suite)
         if not deb.is_file():
             raise HarnessError(f"no such .deb: {deb}")
-        image, how = ensure_image(args.cache, args.rebuild_image)
+        image, how = ensure_image(args.cache, suite, args.rebuild_image)
         image_s = time.monotonic() - began
         log(f"image {image} ({how}); .deb {deb.name}")
         share = prepare_share(args.work, deb, [o.strip() for o in args.only.split(",") if o.strip()])
@@ -256,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                         str(overlay)], check=True)
         console = args.work / "console.log"
         command = qemu_command(image, overlay, share, args.memory, args.cpus)
-        log(f"booting the guest (TCG, {args.cpus} CPUs, {args.memory} MiB, timeout {args.timeout:.0f}s)")
+        log(f"booting the {suite} guest (TCG, {args.cpus} CPUs, {args.memory} MiB, timeout {args.timeout:.0f}s)")
         guest_began = time.monotonic()
         code, tail = boot(command, console, args.timeout, echo=not args.quiet)
         guest_s = time.monotonic() - guest_began
@@ -279,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table(plan, found))
         print()
         failed = [n for n in plan if not found.get(n, {}).get("ok")]
-        log(f"wall time {time.monotonic() - began:.0f}s: image {how} ({image_s:.0f}s to ready), guest "
+        log(f"{suite}: wall time {time.monotonic() - began:.0f}s: image {how} ({image_s:.0f}s to ready), guest "
             f"{guest_s:.0f}s (boot, install, scenarios, power-off); results, console.log and the guest's "
             f"journal are in {args.work}")
         counts = f"{len(plan) - len(failed)} passed, {len(failed)} failed"
@@ -288,16 +308,16 @@ def main(argv: list[str] | None = None) -> int:
                                f"Last {CONSOLE_TAIL} lines of the serial console:\n{last}")
         if failed:
             raise HarnessError(f"{len(failed)} of {len(plan)} scenarios failed: {', '.join(failed)}")
-        log(f"all {len(plan)} scenarios passed")
+        log(f"{suite}: all {len(plan)} scenarios passed")
         return 0
     except HarnessError as exc:
-        print(f"integration: FAILED: {exc}", file=sys.stderr, flush=True)
+        print(f"integration: FAILED ({suite}): {exc}", file=sys.stderr, flush=True)
         return 1
     finally:
         # The closing line CI reads: "N passed, N failed" over the scenarios the guest planned.
         sys.stderr.flush()
         if counts:
-            print(f"integration: {counts}", flush=True)
+            print(f"integration: {counts} ({suite})", flush=True)
         with contextlib.suppress(OSError):
             (args.work / "overlay.qcow2").unlink(missing_ok=True)
 

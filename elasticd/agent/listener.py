@@ -37,8 +37,9 @@ class AgentListener:
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._check, self.address.host, self.address.port,
                                                   reuse_address=True)
-        self.port = self._server.sockets[0].getsockname()[1]
-        log.info("HAProxy agent-check answered on %s", Address(self.address.host, self.port))
+        port: int = self._server.sockets[0].getsockname()[1]
+        self.port = port
+        log.info("HAProxy agent-check answered on %s", Address(self.address.host, port))
 
     async def stop(self) -> None:
         server, self._server = self._server, None

@@ -71,9 +71,9 @@ _USER_ID = re.compile(r"[0-9a-f]{32}")  # what the front's cookie carries (stick
 
 
 def _count(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:
-        raise RegisterError(f"{where}: {str(value)[:40]} is not a count")
-    return value
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63:
+        return value
+    raise RegisterError(f"{where}: {str(value)[:40]} is not a count")
 
 
 def _seconds(value: Any, where: str) -> float:

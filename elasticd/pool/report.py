@@ -50,9 +50,9 @@ _OPTIONAL_COUNTS = ("pages", "backlog")
 
 def _count(data: dict[str, Any], key: str) -> int:
     value = data.get(key, 0)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ReportError(f"{key}: {value!r} is not a count (a whole number ≥ 0)")
-    return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ReportError(f"{key}: {value!r} is not a count (a whole number ≥ 0)")
 
 
 def _optional_count(data: dict[str, Any], key: str) -> int | None:

@@ -65,9 +65,10 @@ class _Group:
     def workers(self) -> tuple[Worker, ...]:
         return self._workers
 
+    # (the setter takes the getter's type: mypy before 1.16, trixie's among them, has no asymmetric properties)
     @workers.setter
-    def workers(self, workers: Sequence[Worker]) -> None:
-        self._workers = tuple(workers)
+    def workers(self, workers: tuple[Worker, ...]) -> None:
+        self._workers = workers
         self._changed()
 
 
@@ -189,7 +190,7 @@ class Supervisor:
         for entry in self._groups.values():
             for worker in entry.workers:
                 if worker.id == worker_id:
-                    entry.workers = [w for w in entry.workers if w is not worker]
+                    entry.workers = tuple(w for w in entry.workers if w is not worker)
                     await self._stop(worker, self.stop_timeout)
                     return
 
@@ -200,7 +201,7 @@ class Supervisor:
         for key, entry in self._groups.items():
             for worker in entry.workers:
                 if worker.id == worker_id:
-                    entry.workers = [w for w in entry.workers if w is not worker]
+                    entry.workers = tuple(w for w in entry.workers if w is not worker)
                     await worker.kill()
                     if self._alive.get(worker.id) is worker:
                         del self._alive[worker.id]
@@ -289,14 +290,14 @@ class Supervisor:
         old = list(entry.workers)
         fresh, problems = await self._launch(key, entry, want.spec, want.clamp(len(old)))
         if any(w.routable for w in fresh) or not any(w.routable for w in old):
-            entry.workers = fresh
+            entry.workers = tuple(fresh)
             entry.desired = want
             self._retire_later(old, want.drain_timeout)
         else:
             # The new definition does not come up while the old one serves: keep serving the old one.
             problems.append(f"group {'/'.join(key)}: the new definition did not start; the previous workers "
                             "keep serving")
-            entry.workers = old
+            entry.workers = tuple(old)
             await self._stop_workers(fresh)
         return problems
 
@@ -319,7 +320,7 @@ class Supervisor:
         failed = [w for w in entry.workers if w.state == "failed"]
         if not failed:
             return []
-        entry.workers = [w for w in entry.workers if w.state != "failed"]
+        entry.workers = tuple(w for w in entry.workers if w.state != "failed")
         await self._stop_workers(failed)
         fresh, problems = await self._launch(key, entry, entry.desired.spec, len(failed))
         entry.workers = (*entry.workers, *fresh)

@@ -46,7 +46,7 @@ class ChannelClient:
                  worker_id: str | None = None, token: str | None = None, interval: float | None = None,
                  moves: MoveHandler | None = None,
                  register: Callable[[float], list[dict[str, Any]]] | None = None) -> None:
-        channel = path or os.environ.get("ELASTIC_CHANNEL", "")
+        channel: str = path or os.environ.get("ELASTIC_CHANNEL") or ""
         self.path = channel.removeprefix("unix:")
         self.worker_id = worker_id or os.environ.get("ELASTIC_WORKER_ID", "")
         self.token = token or os.environ.get("ELASTIC_TOKEN", "")

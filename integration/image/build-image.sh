@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the VM suite's base image into OUTDIR (which must not exist): a Debian bookworm root with systemd,
+# Build the VM suite's base image into OUTDIR (which must not exist): a Debian SUITE root (bookworm or trixie;
+# the package names below are the same in both) with systemd,
 # a kernel, python3 and the Debian packages elasticd depends on (./packages), plus the suite's driver unit
 # (./files). Output: OUTDIR/disk.raw (ext4, label "root", the whole disk: /dev/vda in the guest, so io.max
 # has a real device to limit), OUTDIR/vmlinuz, OUTDIR/initrd.img, OUTDIR/manifest.txt (versions).
@@ -16,8 +17,12 @@ set -euo pipefail
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 
 here=$(cd "$(dirname "$0")" && pwd)
-out=${1:?usage: build-image.sh OUTDIR}
-suite=bookworm
+out=${1:?usage: build-image.sh OUTDIR SUITE}
+suite=${2:?usage: build-image.sh OUTDIR SUITE}
+case "$suite" in
+    bookworm|trixie) ;;
+    *) echo "build-image: unknown suite '$suite' (bookworm or trixie)" >&2; exit 2 ;;
+esac
 mirror=${ELASTICD_IT_MIRROR:-http://deb.debian.org/debian}
 disk_size=${ELASTICD_IT_DISK_SIZE:-2G}
 

@@ -103,8 +103,15 @@ class Consumption:
         ring = self.ring(now)
         return sum(r for r, _ in ring), sum(s for _, s in ring)
 
+    def totals(self) -> str:
+        """``requests=N, seconds=S``, for this and its subclasses' reprs. (A subclass's own method reading
+        ``self.seconds`` crashes some builds of mypyc 1.15, trixie's among them, depending on the hash seed: an
+        inherited float attribute's definedness bit is looked up in the subclass's own bitmap. Read here, in the
+        class that defines it, it compiles.)"""
+        return f"requests={self.requests}, seconds={self.seconds:.6f}"
+
     def __repr__(self) -> str:
-        return f"Consumption(requests={self.requests}, seconds={self.seconds:.6f})"
+        return f"Consumption({self.totals()})"
 
 
 class Newcomers:

@@ -126,8 +126,7 @@ class SurfaceUser(Consumption):
                 self.group = first[2]
 
     def __repr__(self) -> str:
-        return (f"SurfaceUser(worker={self.worker!r}, login={self.login!r}, seen={self.seen}, "
-                f"requests={self.requests}, seconds={self.seconds:.6f})")
+        return f"SurfaceUser(worker={self.worker!r}, login={self.login!r}, seen={self.seen}, {self.totals()})"
 
 
 class Surface:
