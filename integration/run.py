@@ -104,7 +104,7 @@ def ensure_image(cache: Path, suite: str, rebuild: bool) -> tuple[Path, str]:
     cache.mkdir(parents=True, exist_ok=True)
     key = image_key(suite)
     target = cache / key
-    with open(cache / ".lock", "w") as lock:
+    with open(cache / f".lock-{suite}", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two runs at once: one builds, the other waits and reuses
         if rebuild and target.exists():
             shutil.rmtree(target)
@@ -243,8 +243,9 @@ def check_tools() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", choices=SUITES, default="bookworm",
-                        help="the Debian release the guest runs (default bookworm)")
+    parser.add_argument("--suite", default="bookworm",
+                        help="the Debian release the guest runs: bookworm (the default), trixie, or both "
+                             "(bookworm,trixie: two guests at once, see run_releases)")
     parser.add_argument("--deb", type=Path,
                         help="the .deb to test, built for that release (default: packaging/deb/build --suite)")
     parser.add_argument("--only", default="", help="comma-separated scenario names (e.g. cpu,reload)")
@@ -257,7 +258,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rebuild-image", action="store_true", help="rebuild the cached image")
     parser.add_argument("--quiet", action="store_true", help="do not echo the guest's console")
     args = parser.parse_args(argv)
-    suite = args.suite
+    suites = [s.strip() for s in args.suite.split(",") if s.strip()]
+    unknown = [s for s in suites if s not in SUITES]
+    if not suites or unknown or len(set(suites)) != len(suites):
+        parser.error(f"--suite {args.suite!r}: name bookworm, trixie or both (bookworm,trixie)")
+    if len(suites) > 1:
+        if args.deb or args.work:
+            parser.error("--deb and --work name one release's: give them with one --suite")
+        return run_releases(suites, argv if argv is not None else sys.argv[1:])
+    suite = suites[0]
     if args.work is None:
         args.work = DEFAULT_WORK / f"integration-{suite}"
     began = time.monotonic()
@@ -320,6 +329,43 @@ def main(argv: list[str] | None = None) -> int:
             print(f"integration: {counts} ({suite})", flush=True)
         with contextlib.suppress(OSError):
             (args.work / "overlay.qcow2").unlink(missing_ok=True)
+
+
+def run_releases(suites: list[str], argv: list[str]) -> int:
+    """Each release's guest at once, as a run of this script of its own (its .deb, its image, its run directory
+    build/integration-<suite>): their lines interleave here, each prefixed by its release, and the exit code is
+    the worst. At once, because a TCG guest is idle much of the time its scenarios wait (a burn held to 20 % of a
+    CPU, a pool's interval, an idle timeout), so two take little longer than one; the scenarios measure the
+    guest's own clocks and kernel, which a busier host does not change."""
+    forwarded: list[str] = []
+    skip = False
+    for arg in argv:  # the same options, minus --suite
+        if skip:
+            skip = False
+        elif arg == "--suite":
+            skip = True
+        elif not arg.startswith("--suite="):
+            forwarded.append(arg)
+    children = {}
+    for suite in suites:
+        children[suite] = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--suite", suite,
+                                            *forwarded], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL)
+
+    def relay(suite: str, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdout is not None
+        for raw in process.stdout:
+            print(f"[{suite}] {raw.decode('utf-8', 'replace').rstrip()}", flush=True)
+
+    relays = [threading.Thread(target=relay, args=item, daemon=True) for item in children.items()]
+    for thread in relays:
+        thread.start()
+    codes = {suite: process.wait() for suite, process in children.items()}
+    for thread in relays:
+        thread.join(5)
+    failed = [suite for suite, code in codes.items() if code != 0]
+    log(f"{', '.join(suites)}: {'all passed' if not failed else 'FAILED: ' + ', '.join(failed)}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
