@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """elasticd's VM suite, host side: prove the .deb on a real systemd + cgroup v2 host.
 
-    ./dev integration [--suite bookworm|trixie]   (installs the host tools, builds the .deb, then runs this)
-    python3 integration/run.py [--suite trixie] [--deb dist/elasticd_X_amd64.deb] [--only cpu,reload]
+    ./dev integration [--suite bookworm|trixie|bookworm,trixie]   (installs the host tools, then runs this)
+    python3 integration/run.py [--suite trixie] [--deb dist/elasticd_X+debN_amd64.deb] [--only cpu,reload]
                                [--timeout 900]
 
 The Debian release the guest runs is ``--suite``: bookworm (systemd 252, kernel 6.1, Python 3.11) or trixie
@@ -17,7 +17,7 @@ The Debian release the guest runs is ``--suite``: bookworm (systemd 252, kernel 
    the .deb and integration/guest/, and qemu under TCG (no KVM on these machines) with 2 CPUs and
    1.5 GiB. The image's driver unit mounts the share, runs guest/run_scenarios.py (which installs the
    .deb with apt and runs the scenarios), and powers the guest off. The serial console is shown here
-   and kept in build/integration/console.log.
+   and kept in build/integration-<suite>/console.log.
 4. The verdict: one result per scenario from <share>/results/, shown as a table with the figure each
    measured. Exit 1 when a scenario failed, when the guest never reported (with the console's last lines),
    or on the timeout (qemu is killed).
@@ -35,6 +35,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -242,15 +243,18 @@ def check_tools() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # (no abbreviations: run_releases forwards every option but --suite, and a forwarded "--su" would be taken
+    # for --suite by each child, which would start two children of its own, and so on)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--suite", default="bookworm",
                         help="the Debian release the guest runs: bookworm (the default), trixie, or both "
                              "(bookworm,trixie: two guests at once, see run_releases)")
     parser.add_argument("--deb", type=Path,
                         help="the .deb to test, built for that release (default: packaging/deb/build --suite)")
     parser.add_argument("--only", default="", help="comma-separated scenario names (e.g. cpu,reload)")
-    parser.add_argument("--timeout", type=float, default=float(os.environ.get("ELASTICD_IT_TIMEOUT", 900)),
-                        help="seconds for the whole guest run (boot, install, scenarios); default 900")
+    parser.add_argument("--timeout", type=float, default=float(os.environ.get("ELASTICD_IT_TIMEOUT", 0)) or None,
+                        help="seconds for the whole guest run (boot, install, scenarios); default 900, and 1500 "
+                             "for each of two guests at once")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"image cache (default {DEFAULT_CACHE})")
     parser.add_argument("--work", type=Path, help=f"run directory (default {DEFAULT_WORK}/integration-SUITE)")
     parser.add_argument("--memory", type=int, default=1536, help="guest memory in MiB (default 1536)")
@@ -267,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--deb and --work name one release's: give them with one --suite")
         return run_releases(suites, argv if argv is not None else sys.argv[1:])
     suite = suites[0]
+    if args.timeout is None:
+        args.timeout = 900.0
     if args.work is None:
         args.work = DEFAULT_WORK / f"integration-{suite}"
     began = time.monotonic()
@@ -346,17 +352,37 @@ def run_releases(suites: list[str], argv: list[str]) -> int:
             skip = True
         elif not arg.startswith("--suite="):
             forwarded.append(arg)
-    children = {}
-    for suite in suites:
-        children[suite] = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--suite", suite,
-                                            *forwarded], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL)
+    if not any(a == "--timeout" or a.startswith("--timeout=") for a in forwarded) \
+            and not os.environ.get("ELASTICD_IT_TIMEOUT"):
+        # Two TCG guests share the host's cores: each of the last runs took about 1.3 times as long as alone.
+        forwarded += ["--timeout", "1500"]
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    lock = threading.Lock()
+    counts: dict[str, str] = {}
 
     def relay(suite: str, process: subprocess.Popen[bytes]) -> None:
         assert process.stdout is not None
         for raw in process.stdout:
-            print(f"[{suite}] {raw.decode('utf-8', 'replace').rstrip()}", flush=True)
+            line = raw.decode("utf-8", "replace").rstrip()
+            if line.startswith("integration: ") and line.endswith(f" ({suite})") and " passed, " in line:
+                counts[suite] = line.removeprefix("integration: ").removesuffix(f" ({suite})")
+            with lock:  # one whole line at a time from either
+                sys.stdout.write(f"[{suite}] {line}\n")
+                sys.stdout.flush()
 
+    def stop_children(signum: int, _frame: object) -> None:
+        # A stop of this run (CI's timeout, Ctrl-C) stops both children, which kill their qemu by its pid.
+        for process in children.values():
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, stop_children)
+    signal.signal(signal.SIGINT, stop_children)
+    for suite in suites:
+        # (--suite last: it is the one each child takes)
+        children[suite] = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *forwarded,
+                                            "--suite", suite], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL)
     relays = [threading.Thread(target=relay, args=item, daemon=True) for item in children.items()]
     for thread in relays:
         thread.start()
@@ -365,6 +391,8 @@ def run_releases(suites: list[str], argv: list[str]) -> int:
         thread.join(5)
     failed = [suite for suite, code in codes.items() if code != 0]
     log(f"{', '.join(suites)}: {'all passed' if not failed else 'FAILED: ' + ', '.join(failed)}")
+    # The closing line CI reads, over both releases.
+    log("; ".join(f"{suite} {counts.get(suite, 'no result')}" for suite in suites))
     return 1 if failed else 0
 
 

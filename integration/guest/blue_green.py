@@ -28,6 +28,9 @@ TENANT, APP, LAZY = "solo", "site", "lazy"
 HOST, LAZY_HOST = "bluegreen.localhost", "lazy.localhost"
 ROOT = Path("/srv", TENANT, APP)
 USERS = 4
+# The lazy app's idle_timeout: long enough that the worker its cold start made is still there when the scenario
+# asks (an elasticctl call takes seconds under TCG on a busy host: at 3 s the worker was once gone already).
+LAZY_IDLE_S = 10
 
 CONFIG = """\
 server:
@@ -60,13 +63,13 @@ tenants:
         groups:
           main:
             command: ["{{python}}", "-m", "elasticd.demo"]
-            pool: {{min_workers: 0, max_workers: 1, idle_timeout: 3s}}
+            pool: {{min_workers: 0, max_workers: 1, idle_timeout: {lazy_idle}s}}
 """
 
 
 def _config(default: str) -> str:
     return CONFIG.format(tenant=TENANT, user=tenant_user(TENANT), app=APP, host=HOST, root=ROOT, default=default,
-                         lazy=LAZY, lazy_host=LAZY_HOST)
+                         lazy=LAZY, lazy_host=LAZY_HOST, lazy_idle=LAZY_IDLE_S)
 
 
 def _groups(app: str = APP) -> dict[str, Any]:
@@ -148,5 +151,6 @@ def s_blue_green() -> tuple[str, dict[str, Any]]:
             f"to blue; as they logged out, green's users went {emptying} and each next answer came from blue; green "
             f"stopped at zero {stopped_in:.1f}s after its last user left and its pid left the leaf; {LAZY} "
             f"(min_workers 0) answered its first request after a cold start in {cold:.1f}s (a worker as "
-            f"{tenant_user(TENANT)} in its leaf), and was back at zero {idle:.1f}s later (idle_timeout 3s)",
+            f"{tenant_user(TENANT)} in its leaf), and was back at zero {idle:.1f}s later "
+            f"(idle_timeout {LAZY_IDLE_S}s)",
             {"emptying": emptying, "cold_seconds": cold, "idle_seconds": idle})
