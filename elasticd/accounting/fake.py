@@ -60,9 +60,15 @@ class FakeCgroup:
 
 
 def _write_in_place(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    # Over the old bytes, then cut to the new length: a kernfs read never sees a file half made, and a truncation
+    # first (O_TRUNC) would let a sampler's pread land in the moment it is empty (a test writing cpu.stat every
+    # 50 ms while `elasticctl high` read it once got no usage). What a read can still see, between the two calls,
+    # is the new text with the old one's tail after it: words that are no key, which the parsers skip.
+    data = text.encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        os.write(fd, text.encode())
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
     finally:
         os.close(fd)
 
