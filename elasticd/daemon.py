@@ -37,7 +37,7 @@ from elasticd.agent.rooms import AgentRooms
 from elasticd.api.server import AdminApi, SocketInUse
 from elasticd.background import Background
 from elasticd.cgroup.activation import Activation, CgroupRefused
-from elasticd.config import Config, ConfigError, Quotas, Resources, load_config
+from elasticd.config import Config, ConfigError, PoolSettings, Quotas, Resources, load_config
 from elasticd.config.notices import balancer_warnings, isolation_warnings, restart_only_changes
 from elasticd.front import Front, RouteTable, Upstream
 from elasticd.limits.overrides import effective
@@ -49,6 +49,7 @@ from elasticd.monitor.page import MonitorPage
 from elasticd.monitor.population import fuse
 from elasticd.pool.budget import CPU_SAMPLES, UNLIMITED, Budget, budget_of, enforced
 from elasticd.pool.channel import ChannelServer
+from elasticd.pool.channel_metrics import ChannelCollector
 from elasticd.pool.evaluator import SMOOTHING_ROWS
 from elasticd.pool.manager import PoolManager
 from elasticd.pool.mover import Mover
@@ -57,9 +58,11 @@ from elasticd.pool.sensing import in_process_tree
 from elasticd.probes.capacity_metrics import CapacityCollector
 from elasticd.probes.publish import RegistryPage, read_registry
 from elasticd.probes.wiring import CapacityWiring
+from elasticd.supervisor.spawn import channel_path
 from elasticd.supervisor.supervisor import Supervisor
 from elasticd.supervisor.worker import Worker
 from elasticd.systemd import Notifier, setup_logging
+from elasticd.worker_ids import parse_worker_id
 
 __all__ = ["Daemon", "main"]
 
@@ -116,7 +119,8 @@ class Daemon:
         self.cgroups = Activation()
         server = config.server
         self.supervisor = Supervisor(server.runtime_dir, self.cgroups.leaf, stop_timeout=server.stop_timeout,
-                                     occupancy_interval=server.occupancy_interval)
+                                     occupancy_interval=server.occupancy_interval,
+                                     systemd_cat=Supervisor.journal_for_workers())
         self.supervisor.on_worker_state = self._on_worker_state
         self.front = Front(server.listen, RouteTable.from_config(config), self._upstreams,
                            quotas=_quotas(config), request_timeout=server.request_timeout, user_ttl=server.user_ttl,
@@ -131,10 +135,10 @@ class Daemon:
         self.front.on_login = self.pool.on_login
         self.front.wake = self.pool.wake  # a request for a group at zero workers starts one and waits for it
         self.supervisor.drain = lambda workers, timeout: self.pool.wait_drained([w.id for w in workers], timeout)
-        self.channel = ChannelServer(os.path.join(server.runtime_dir, "channel.sock"), self._authenticate,
-                                     self.pool.on_report)
+        self.channel = ChannelServer(server.runtime_dir, self._authenticate, self.pool.on_report,
+                                     interval=server.occupancy_interval)
         # Live moves: compaction and `elasticctl drain` carry each user's state to its next worker.
-        self.mover = Mover(self.front, self.channel, on_end=self.pool.record_move)
+        self.mover = Mover(self.front, self.channel, on_end=self.pool.record_move, package_limit=self._package_limit)
         self.pool.mover = self.mover
         self.front.kept = self._kept
         # Capacity probes (seed 001): readings narrow the front's admission and feed the pool's occupancy.
@@ -145,6 +149,7 @@ class Daemon:
         self.registry = RegistryPage(self.capacity.registry_apps)  # its secret too
         self.metrics = MetricsServer(server.metrics_listen, self.sampler, self._limits_in_force,
                                      extra_collectors=[self.front.collector(), PoolCollector(self.pool),
+                                                       ChannelCollector(self.channel),
                                                        CapacityCollector(self.capacity.state)],
                                      routes=[self.monitor.add_routes, self.registry.add_routes])
         self.api = AdminApi(self, server.admin_socket, server.admin_group)
@@ -214,12 +219,20 @@ class Daemon:
             upstream = self._upstream_of[worker_id] = Upstream(worker_id, worker.socket_path)
         return upstream
 
-    def _authenticate(self, worker_id: str, token: str, pid: int, uid: int) -> str | None:
-        """A channel peer is the worker it claims only with that worker's token, from its process tree, and (for
-        a tenant with a user) with that user's uid."""
+    def _package_limit(self, worker_id: str) -> int:
+        """The most bytes a package from this worker may have: its group's ``pool.max_package``."""
+        parts = parse_worker_id(worker_id)
+        tenant = self.config.tenants.get(parts.tenant) if parts is not None else None
+        app = tenant.apps.get(parts.app) if tenant is not None and parts is not None else None
+        group = app.groups.get(parts.group) if app is not None and parts is not None else None
+        return group.pool.max_package if group is not None else PoolSettings().max_package
+
+    def _authenticate(self, tenant: str, worker_id: str, token: str, pid: int, uid: int) -> str | None:
+        """A channel peer is the worker it claims only on its own tenant's socket, with that worker's token, from
+        its process tree, and (for a tenant with a user) with that user's uid."""
         worker = self.supervisor.find(worker_id)
-        if worker is None:
-            return f"no worker {worker_id} runs here"
+        if worker is None or worker.tenant != tenant:
+            return f"no worker {worker_id[:80]!r} of tenant {tenant} runs here"
         if not worker.token or not hmac.compare_digest(token.encode(), worker.token.encode()):
             return f"wrong token for worker {worker_id}"
         run_as = worker.spec.run_as
@@ -273,6 +286,9 @@ class Daemon:
         server = config.server
         self.sampler.set_keep(max(CPU_SAMPLES, math.ceil(SMOOTHING_ROWS * server.occupancy_interval
                                                          / server.sample_interval) + 1))
+        # Each tenant's channel socket, in its own workers directory, before its workers start and announce.
+        self.channel.configure(server.occupancy_interval)
+        problems.extend(await self.channel.serve({t: channel_path(server.runtime_dir, t) for t in config.tenants}))
         result = await self.supervisor.apply(config)
         problems.extend(result.problems)
         self.capacity.sync()  # (a launch's workers join their group only once all of them are routable)

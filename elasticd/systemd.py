@@ -25,7 +25,7 @@ import time
 
 from elasticd.background import watch
 
-__all__ = ["Notifier", "notify_address", "setup_logging"]
+__all__ = ["Notifier", "notify_address", "setup_logging", "stderr_is_journal"]
 
 log = logging.getLogger("elasticd.systemd")
 
@@ -206,7 +206,7 @@ def setup_logging(level: int = logging.INFO, environ: dict[str, str] | None = No
     """Logs go to stderr; under journald without timestamps (it has its own) and with priorities."""
     env = os.environ if environ is None else environ
     handler = logging.StreamHandler(sys.stderr)
-    if _stderr_is_journal(env.get("JOURNAL_STREAM")):
+    if stderr_is_journal(env.get("JOURNAL_STREAM")):
         handler.setFormatter(_JournalFormatter("%(name)s: %(message)s"))
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -216,9 +216,11 @@ def setup_logging(level: int = logging.INFO, environ: dict[str, str] | None = No
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
-def _stderr_is_journal(journal_stream: str | None) -> bool:
-    """JOURNAL_STREAM is "DEV:INODE" of the journal socket; it counts only if stderr is that very socket
-    (a child that inherited the variable but writes elsewhere must not emit prefixes)."""
+def stderr_is_journal(journal_stream: str | None) -> bool:
+    """Whether elasticd's own stderr is journald's stream socket (then its log lines carry priority prefixes, and
+    its workers' output goes to journald directly). JOURNAL_STREAM is "DEV:INODE" of the journal socket; it
+    counts only if stderr is that very socket (a child that inherited the variable but writes elsewhere must not
+    emit prefixes)."""
     if not journal_stream:
         return False
     try:

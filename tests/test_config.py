@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 
 from elasticd.config import ConfigError, load_config, parse_config
+from elasticd.config.load import MAX_PACKAGE
 from elasticd.config.units import UnitError, format_size, parse_cpu, parse_duration, parse_size
+from elasticd.frames import MAX_PAYLOAD
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -349,6 +351,25 @@ def test_worker_socket_paths_must_fit_a_unix_socket():
     assert any(f"tenants.{long}.apps.{long}.groups.green (line 10): its workers' socket paths" in e for e in errors)
 
 
+def test_a_tenants_channel_socket_must_fit_a_unix_socket():
+    long = "t" * 63
+    errors = _errors(f"""\
+        server:
+          runtime_dir: /run/a-rather-long-runtime-directory
+        tenants:
+          {long}:
+            apps:
+              a:
+                domains: [x.localhost]
+                root: /srv/x
+                groups:
+                  g: {{command: [app]}}
+        """)
+    assert errors == [f"tenants.{long} (line 4): its channel socket /run/a-rather-long-runtime-directory/workers/{long}"
+                      "/channel.sock would be 121 bytes, over the 107 a Unix socket allows: shorten the tenant's name "
+                      "or the runtime_dir"]
+
+
 GROUP_WITH_POOL = """\
 tenants:
   acme:
@@ -387,11 +408,20 @@ def test_the_pools_drain_and_hold_keys():
     ("{memory_held_at: 1.2}", "pool.memory_held_at (line 10): 1.2 is not between 0 and 1"),
     ("{drain_timeout: soon}", 'pool.drain_timeout (line 10): "soon" is not a duration'),
     ("{pids_held_at: yes}", 'pool.pids_held_at (line 10): "yes" is not a number'),
+    ("{max_package: 65M}", "pool.max_package (line 10): 68157440 bytes is over the channel's bound on one package"),
+    ("{max_package: max}", 'pool.max_package (line 10): "max" is not allowed here'),
 ])
 def test_pool_hold_key_refusals(pool, expected):
     with pytest.raises(ConfigError) as info:
         parse_config(GROUP_WITH_POOL.format(pool=pool))
     assert expected in str(info.value)
+
+
+def test_max_package_defaults_to_16m_and_its_bound_is_the_channels():
+    pools = [parse_config(GROUP_WITH_POOL.format(pool=pool)).tenants["acme"].apps["shop"].groups["green"].pool
+             for pool in ("{}", "{max_package: 64M}", "{max_package: 0}")]
+    assert [p.max_package for p in pools] == [16 << 20, 64 << 20, 0]
+    assert MAX_PACKAGE == MAX_PAYLOAD  # the config's bound is the frame's
 
 
 def test_hung_after_defaults_to_30s_and_never_under_three_intervals():

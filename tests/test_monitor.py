@@ -13,7 +13,7 @@ import time
 import aiohttp
 import pytest
 from aiohttp import web
-from test_pool_channel import Registry
+from test_pool_channel import Registry, serve_channel
 
 from elasticd.config.model import MonitorAuth
 from elasticd.frames import encode
@@ -23,7 +23,6 @@ from elasticd.monitor.census import ask_all
 from elasticd.monitor.page import local_host
 from elasticd.monitor.population import RegisterError, RegisterRow, WorkerAnswer, fuse, parse_register
 from elasticd.monitor.terminal import bar, render_population, render_watch, sparkline
-from elasticd.pool.channel import ChannelServer
 from elasticd.worker import executor, run_sync, sensor, setup
 from elasticd.worker.channel import ChannelClient
 from elasticd.worker.sensor import Sensor
@@ -96,17 +95,16 @@ def test_a_register_of_the_wrong_shape_is_refused_naming_what(users, why):
 
 async def test_the_census_asks_every_library_worker_at_once_and_a_silent_one_is_unreachable(tmp_path):
     registry = Registry()
-    server = ChannelServer(str(tmp_path / "channel.sock"), registry.authenticate, registry.on_report)
-    await server.start()
+    server = await serve_channel(tmp_path, registry)
     answering = Sensor(total=2)
     for i in range(2000):  # a busy reception: its register is far over a channel line's bound
         answering.touch(f"{i:032x}", time.monotonic())
     answering.touch(A, time.monotonic())
     registry.workers["t.a.g.1"] = ("token-1", os.getpid())
-    client = ChannelClient(answering.report, path=server.path, worker_id="t.a.g.1", token="token-1", interval=0.2,
+    client = ChannelClient(answering.report, path=server.path("t"), worker_id="t.a.g.1", token="token-1", interval=0.2,
                            register=answering.register)
     client.start()
-    reader, writer = await asyncio.open_unix_connection(server.path)  # announces the monitor, never answers
+    reader, writer = await asyncio.open_unix_connection(server.path("t"))  # announces the monitor, never answers
     server._authenticate = lambda *args: None  # type: ignore[assignment]
     writer.write(encode({"type": "announce", "worker": "t.a.g.2", "token": "t", "capabilities": ["monitor"]}))
     await writer.drain()

@@ -9,7 +9,7 @@ import os
 import pickle
 
 import pytest
-from test_pool_channel import Registry
+from test_pool_channel import Registry, serve_channel
 
 from elasticd.frames import MAX_LINE, MAX_PAYLOAD, FrameError, FrameReader, encode
 from elasticd.pool.channel import ChannelError, ChannelServer
@@ -100,13 +100,12 @@ def test_an_apps_hook_that_fails_refuses_the_snapshot():
 @pytest.fixture
 async def channel(tmp_path):
     registry = Registry()
-    server = ChannelServer(str(tmp_path / "channel.sock"), registry.authenticate, registry.on_report)
-    await server.start()
+    server = await serve_channel(tmp_path, registry)
     clients: list[ChannelClient] = []
 
     def connect(worker_id: str, states: UserStates | None) -> ChannelClient:
         registry.workers[worker_id] = (f"token-{worker_id}", os.getpid())
-        client = ChannelClient(lambda now: {"cpu": 0.0, "executor": {"busy": 0, "total": 1}}, path=server.path,
+        client = ChannelClient(lambda now: {"cpu": 0.0, "executor": {"busy": 0, "total": 1}}, path=server.path("t"),
                                worker_id=worker_id, token=f"token-{worker_id}", interval=0.2,
                                moves=MoveHandler(states) if states is not None else None)
         client.start()
@@ -166,7 +165,7 @@ async def test_a_worker_without_state_refuses_and_an_unknown_worker_is_an_error(
 
 async def test_a_request_nobody_answers_times_out_and_a_closed_channel_fails_what_it_was_asked(channel):
     server, _ = channel
-    registry_reader, writer = await asyncio.open_unix_connection(server.path)
+    registry_reader, writer = await asyncio.open_unix_connection(server.path("t"))
     # A peer that announces (as this test process) and then never answers.
     server._authenticate = lambda *args: None  # type: ignore[assignment]
     writer.write(encode({"type": "announce", "worker": "t.a.g.7", "token": "t", "capabilities": ["snapshot"]}))

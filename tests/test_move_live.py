@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from test_demo import DemoWorker
 from test_front import front
-from test_pool_channel import Registry
+from test_pool_channel import Registry, serve_channel
 
 from elasticd.frames import encode
 from elasticd.front import Front, Upstream
@@ -42,16 +42,16 @@ class Setup:
 
 
 @asynccontextmanager
-async def live(tmp_path: Path, names: tuple[str, ...] = ("w1", "w2"), sensorless: bool = False) -> AsyncIterator[Setup]:
+async def live(tmp_path: Path, names: tuple[str, ...] = ("w1", "w2"), sensorless: bool = False,
+               package_limit: int = 16 << 20) -> AsyncIterator[Setup]:
     registry = Registry()
-    channel = ChannelServer(str(tmp_path / "channel.sock"), registry.authenticate, registry.on_report)
-    await channel.start()
+    channel = await serve_channel(tmp_path, registry)
     workers: dict[str, DemoWorker] = {}
     try:
         for name in names:
             token = f"token-{name}"
             worker = DemoWorker(name, f"unix:{tmp_path}/{name}.sock",
-                                env={"ELASTIC_CHANNEL": f"unix:{channel.path}", "ELASTIC_WORKER_ID": name,
+                                env={"ELASTIC_CHANNEL": f"unix:{channel.path('t')}", "ELASTIC_WORKER_ID": name,
                                      "ELASTIC_TOKEN": token, "ELASTIC_OCCUPANCY_INTERVAL": "0.5",
                                      "DEMO_SENSORLESS": "1" if sensorless else "0"})
             registry.workers[name] = (token, worker.proc.pid)
@@ -63,7 +63,8 @@ async def live(tmp_path: Path, names: tuple[str, ...] = ("w1", "w2"), sensorless
         upstreams = [Upstream(name, w.socket_path or "") for name, w in workers.items()]
         ended: list[MoveSummary] = []
         async with front(upstreams) as f:
-            mover = Mover(f, channel, on_end=lambda move, summary: ended.append(summary))
+            mover = Mover(f, channel, on_end=lambda move, summary: ended.append(summary),
+                          package_limit=lambda worker_id: package_limit)
             yield Setup(f, mover, channel, registry, workers, ended)
     finally:
         for worker in workers.values():
@@ -93,6 +94,20 @@ async def test_a_users_counter_goes_on_from_the_other_worker(tmp_path: Path) -> 
         assert isinstance(back, Move) and back.outcome is Outcome.MOVED
         again = await s.counter(session)
         assert (again["worker"], again["count"]) == ("w1", 7)
+
+
+async def test_a_package_over_the_groups_limit_aborts_the_move_and_the_user_keeps_its_state(tmp_path: Path) -> None:
+    async with live(tmp_path, package_limit=16) as s, _session() as session:
+        s.front.surface.assign(USER, "w1", s.front.clock())
+        for _ in range(3):
+            await s.counter(session)
+        move = await s.mover.move(USER, "w1", "w2", 5.0)
+        assert isinstance(move, Move) and move.outcome is Outcome.SOURCE_REFUSED
+        assert "is over the 16 allowed" in move.summary().why
+        assert s.channel.refusals()[("t", "", "answer-too-big")] == 1
+        # The user is where it was, with its state: w1's channel reconnects and the counter goes on.
+        after = await s.counter(session)
+        assert (after["worker"], after["count"]) == ("w1", 4)
 
 
 async def test_a_worker_without_the_library_is_moved_by_re_pointing_after_the_quiesce(tmp_path: Path) -> None:
@@ -138,7 +153,7 @@ async def _fake_worker(channel: ChannelServer, registry: Registry, name: str, be
     """A peer on the channel (this test process) that announces the move capabilities, then on an install
     either never answers (``silent``) or closes its connection (``dies``)."""
     registry.workers[name] = ("t", os.getpid())
-    reader, writer = await asyncio.open_unix_connection(channel.path)
+    reader, writer = await asyncio.open_unix_connection(channel.path("t"))
     writer.write(encode({"type": "announce", "worker": name, "token": "t",
                          "capabilities": ["occupancy", "snapshot", "install"]}))
     await writer.drain()
@@ -199,9 +214,9 @@ class _Before:
         self.capabilities, self.tell = channel.capabilities, channel.tell
 
     async def request(self, worker_id: str, message: dict[str, Any], timeout: float,
-                      payload: bytes | None = None) -> tuple[dict[str, Any], bytes | None]:
+                      payload: bytes | None = None, **options: Any) -> tuple[dict[str, Any], bytes | None]:
         self.before(message)
-        return await self.channel.request(worker_id, message, timeout, payload)
+        return await self.channel.request(worker_id, message, timeout, payload, **options)
 
 
 class _Open:

@@ -26,7 +26,7 @@ class Registry:
         self.reports: list[tuple[str, Report]] = []
         self.uids: list[int] = []  # the peers' uids, as the kernel gave them
 
-    def authenticate(self, worker_id: str, token: str, pid: int, uid: int) -> str | None:
+    def authenticate(self, tenant: str, worker_id: str, token: str, pid: int, uid: int) -> str | None:
         self.uids.append(uid)
         known = self.workers.get(worker_id)
         if known is None:
@@ -52,11 +52,18 @@ async def _say(reader, writer, message) -> dict:
     return json.loads(await asyncio.wait_for(reader.readline(), 5))
 
 
+async def serve_channel(tmp_path, registry: Registry, tenant: str = "t", **options) -> ChannelServer:
+    """A channel in ``tmp_path`` (its runtime directory) serving one tenant's socket; its path: ``.path(tenant)``."""
+    server = ChannelServer(str(tmp_path), registry.authenticate, registry.on_report, **options)
+    await server.start()
+    assert await server.serve({tenant: str(tmp_path / "workers" / tenant / "channel.sock")}) == []
+    return server
+
+
 @pytest.fixture
 async def channel(tmp_path):
     registry = Registry()
-    server = ChannelServer(str(tmp_path / "channel.sock"), registry.authenticate, registry.on_report)
-    await server.start()
+    server = await serve_channel(tmp_path, registry)
     yield server, registry
     await server.stop()
 
@@ -64,7 +71,7 @@ async def channel(tmp_path):
 async def test_announce_report_and_refusals(channel):
     server, registry = channel
     registry.workers["t.a.g.1"] = ("secret", os.getpid())  # this test process is the "worker"
-    reader, writer = await _open(server.path)
+    reader, writer = await _open(server.path("t"))
     assert await _say(reader, writer, {"type": "announce", "worker": "t.a.g.1", "token": "secret"}) == {"type": "ok"}
     writer.write(json.dumps({"type": "occupancy", "report": {"cpu": 0.5, "executor": {"busy": 1, "total": 4}}})
                  .encode() + b"\n")
@@ -94,7 +101,7 @@ async def test_announce_report_and_refusals(channel):
 async def test_refused_announces(channel, announce, reason):
     server, registry = channel
     registry.workers["t.a.g.1"] = ("secret", os.getpid())
-    reader, writer = await _open(server.path)
+    reader, writer = await _open(server.path("t"))
     reply = await _say(reader, writer, announce)
     assert reply["type"] == "error" and reason in reply["reason"]
     assert await asyncio.wait_for(reader.readline(), 5) == b""  # refused: closed, never registered
@@ -107,7 +114,7 @@ async def test_a_peer_outside_the_workers_tree_is_refused_even_with_the_token(ch
     try:
         registry.workers["t.a.g.1"] = ("secret", other.pid)
         # This process knows the token but is not in that worker's tree: a forged report.
-        reader, writer = await _open(server.path)
+        reader, writer = await _open(server.path("t"))
         reply = await _say(reader, writer, {"type": "announce", "worker": "t.a.g.1", "token": "secret"})
         assert reply["type"] == "error" and "not in the process tree" in reply["reason"]
         writer.close()
@@ -122,7 +129,7 @@ async def test_the_library_client_announces_and_pushes(channel):
     registry.workers["t.a.g.1"] = ("secret", os.getpid())
     sensor = Sensor(total=4)
     sensor.request_started()
-    client = ChannelClient(sensor.report, path=f"unix:{server.path}", worker_id="t.a.g.1", token="secret",
+    client = ChannelClient(sensor.report, path=f"unix:{server.path('t')}", worker_id="t.a.g.1", token="secret",
                            interval=0.05)
     client.start()
     try:

@@ -84,7 +84,7 @@ def test_spec_substitutes_python_and_keeps_argv_verbatim():
     spec = spec_for(app, group, "/cg/tenants/t/a")
     assert spec.argv == ("/venv/bin/python", "-m", "app", "/venv/bin/pythonx")
     # A tenant without a user: the umask and the parent-death signal only.
-    keep = ["/bin/sh", "-c", UMASK, "umask", "setpriv", "--pdeathsig", "SIGKILL", "--"]
+    keep = ["/bin/sh", "-c", UMASK, "umask", "/usr/bin/setpriv", "--pdeathsig", "SIGKILL", "--"]
     assert spawn_argv(spec) == ["/bin/sh", "-c", TRAMPOLINE, "/cg/tenants/t/a", *keep, *spec.argv]
     own = spec_for(app, Group(name="g", command=("{python}",)), None)
     assert own.argv == (sys.executable,)
@@ -102,7 +102,7 @@ def test_a_tenant_with_a_user_drops_everything_after_the_trampoline():
     assert spawn_argv(spec) == [
         "/bin/sh", "-c", TRAMPOLINE, "/cg/tenants/t/a",  # the one constant script, as root: the pid is placed
         "/bin/sh", "-c", UMASK, "umask",  # the umask, still as root
-        "setpriv", "--reuid=1234", "--regid=1235", "--clear-groups", "--no-new-privs", "--inh-caps=-all",
+        "/usr/bin/setpriv", "--reuid=1234", "--regid=1235", "--clear-groups", "--no-new-privs", "--inh-caps=-all",
         "--bounding-set=-all", "--pdeathsig", "SIGKILL", "--", "app", "$(id)"]
     assert TRAMPOLINE == 'echo $$ > "$0/cgroup.procs" && exec "$@"'  # unchanged by any tenant setting
     env = worker_env(spec, {"PATH": "/usr/bin", "HOME": "/root", "USER": "root", "SECRET": "elasticd's"},
@@ -119,7 +119,7 @@ def test_worker_env_contract():
     assert env == {  # nothing of elasticd's own environment but PATH and LANG (and HOME/USER/LOGNAME)
         "PATH": "/bin", "LANG": "C.UTF-8", "APP_MODE": "prod",
         "ELASTIC_LISTEN": "unix:/run/elasticd/workers/t/a.g.1.sock",
-        "ELASTIC_CHANNEL": "unix:/run/elasticd/channel.sock",
+        "ELASTIC_CHANNEL": "unix:/run/elasticd/workers/t/channel.sock",
         "ELASTIC_WORKER_ID": "t.a.g.1", "ELASTIC_TOKEN": "secret", "ELASTIC_OCCUPANCY_INTERVAL": "0.5",
     }
 

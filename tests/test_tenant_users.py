@@ -18,6 +18,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -126,15 +127,26 @@ def test_a_tenant_with_a_user_runs_unprivileged_and_apart(users, base):
         env = dict(item.split("=", 1) for item in
                    Path(f"/proc/{worker['pid']}/environ").read_text().split("\0") if "=" in item)
         assert env["USER"] == alice and env["LOGNAME"] == alice and "NOTIFY_SOCKET" not in env
+        # Alice's channel socket is in her directory: bob cannot even connect to it (with her worker's token).
+        a_channel = env["ELASTIC_CHANNEL"].removeprefix("unix:")
+        assert a_channel == str(a_dir / "channel.sock")
+        as_bob_probe = ["setpriv", f"--reuid={bob_uid}", f"--regid={bob_uid}", "--clear-groups", SYSTEM_PYTHON,
+                        "-c", probe]
+        assert subprocess.run([*as_bob_probe, a_channel], capture_output=True, text=True,
+                              timeout=30).stdout.strip() == "denied"
+        # On his own tenant's socket, alice's worker id with its token is refused: not a worker of tenant b.
         forge = ("import json, socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n"
                  "s.sendall(json.dumps({'type': 'announce', 'worker': 'a.web.main.1', 'token': sys.argv[2]})"
                  ".encode() + b'\\n')\nprint(s.makefile().readline())\n")
         as_bob = ["setpriv", f"--reuid={bob_uid}", f"--regid={bob_uid}", "--clear-groups", SYSTEM_PYTHON, "-c",
               forge]
-        answer = json.loads(subprocess.run([*as_bob, env["ELASTIC_CHANNEL"].removeprefix("unix:"),
-                                            env["ELASTIC_TOKEN"]], capture_output=True, text=True,
-                                           timeout=30).stdout)
-        assert answer["type"] == "error" and f"not the uid of tenant a's user {alice}" in answer["reason"]
+        b_channel = str(d.runtime / "workers" / "b" / "channel.sock")
+        answer = json.loads(subprocess.run([*as_bob, b_channel, env["ELASTIC_TOKEN"]], capture_output=True,
+                                           text=True, timeout=30).stdout)
+        assert answer["type"] == "error" and "no worker 'a.web.main.1' of tenant b" in answer["reason"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{d.metrics_port}/metrics", timeout=10) as resp:
+            metrics = resp.read().decode()
+        assert 'elasticd_channel_refused_total{app="",reason="announce-refused",tenant="b"} 1.0' in metrics
         tenants_api = json.loads(d.ctl("status", "--json").stdout)["tenants"]
         assert tenants_api["a"]["user"]["name"] == alice and tenants_api["b"]["user"]["uid"] == bob_uid
         assert "runs as root" not in d.log_text()

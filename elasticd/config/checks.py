@@ -35,13 +35,20 @@ def _check_domains(walk: Walk, tenants: Mapping[str, Tenant], root: dict[Any, An
 
 
 # A Unix socket path is limited to 107 bytes (sun_path); a worker's is <runtime_dir>/workers/<tenant>/<app>.<group>.N
-# .sock. Refused here, at load, rather than as a worker that can never bind.
+# .sock, its tenant's channel <runtime_dir>/workers/<tenant>/channel.sock. Refused here, at load, rather than as a
+# worker that can never bind or a channel elasticd cannot listen on.
 _SUN_PATH_MAX = 107
 _WORKER_NUMBER_ROOM = 6
 
 
 def _check_socket_paths(walk: Walk, server: Server, tenants: Mapping[str, Tenant], root: dict[Any, Any]) -> None:
     for tenant in tenants.values():
+        channel = f"{server.runtime_dir}/workers/{tenant.name}/channel.sock"  # (supervisor.spawn.channel_path)
+        if len(channel.encode()) > _SUN_PATH_MAX:
+            walk.error(f"tenants.{tenant.name}", Walk.key_line(root["tenants"], tenant.name),
+                       f"its channel socket {channel} would be {len(channel.encode())} bytes, over the "
+                       f"{_SUN_PATH_MAX} a Unix socket allows: shorten the tenant's name or the runtime_dir")
+            continue
         for app in tenant.apps.values():
             for group in app.groups.values():
                 if not group.spawned:

@@ -36,7 +36,7 @@ from elasticd.config.model import (
     Tenant,
     default_burst,
 )
-from elasticd.config.units import parse_cpu, parse_size
+from elasticd.config.units import UnitError, parse_cpu, parse_size
 from elasticd.config.walk import (
     ConfigError,
     ConfigIssue,
@@ -77,7 +77,7 @@ _GROUP_KEYS = ("command", "python", "env", "concurrency", "pool", "capacity", "n
 _SPAWNED_ONLY = ("command", "python", "env", "pool")  # what a nodes: group (never spawned) has no use for
 _POOL_KEYS = ("min_workers", "max_workers", "reception_threshold", "admission_threshold",
               "compaction_margin", "memory_limit", "drain_timeout", "idle_timeout", "cpu_held_at", "throttled_held_at",
-              "memory_held_at", "pids_held_at")
+              "memory_held_at", "pids_held_at", "max_package")
 
 
 def _server(walk: Walk, node: Any, line: int | None) -> Server:
@@ -213,11 +213,24 @@ def _pool(walk: Walk, node: Any, path: str, line: int | None) -> PoolSettings:
         throttled_held_at=walk.value(m, "throttled_held_at", path, share, d.throttled_held_at),
         memory_held_at=walk.value(m, "memory_held_at", path, share, d.memory_held_at),
         pids_held_at=walk.value(m, "pids_held_at", path, share, d.pids_held_at),
+        max_package=walk.value(m, "max_package", path, _package_size, d.max_package),
     )
     if pool.max_workers is not None and pool.min_workers > pool.max_workers:
         walk.error(f"{path}.min_workers", walk.key_line(m, "min_workers") or line,
                    f"{pool.min_workers} is more than max_workers ({pool.max_workers})")
     return pool
+
+
+# The channel's bound on the bytes after one message (elasticd.frames.MAX_PAYLOAD, which the tests keep equal).
+MAX_PACKAGE = 64 << 20
+
+
+def _package_size(value: object) -> int:
+    size = parse_size(value, allow_max=False)
+    assert size is not None  # ("max" is refused above)
+    if size > MAX_PACKAGE:
+        raise UnitError(f"{size} bytes is over the channel's bound on one package ({MAX_PACKAGE} bytes, 64M)")
+    return size
 
 
 def _command(walk: Walk, node: Any, path: str, line: int | None) -> tuple[str, ...]:

@@ -107,6 +107,9 @@ class PoolSettings:
     memory_limit: int | None = None
     drain_timeout: float = 300.0  # a retired worker's open requests and tunnels get this long to finish
     idle_timeout: float = 600.0  # a group at min_workers 0 retires its last worker after this long unused
+    # The most bytes one user's package (its state, carried by a live move) may have; a bigger one is refused and the
+    # move aborted, the user left where it was with its state. At most the channel's frame bound (MAX_PACKAGE).
+    max_package: int = 16 << 20
     # A scale-up is held (not made) when the tenant's cgroup could give a new worker nothing: its CPU usage at
     # this share of its cpu.max, or throttled in this share of its periods; memory.current plus one more
     # worker's RSS over this share of memory.max; pids.current plus one more worker's over this share of pids.max.

@@ -16,11 +16,15 @@ from typing import Any, Protocol
 
 from elasticd.monitor.population import RegisterError, WorkerAnswer, parse_register
 
-__all__ = ["MONITOR_TIMEOUT", "Asker", "ask_all"]
+__all__ = ["MAX_REGISTER", "MONITOR_TIMEOUT", "Asker", "ask_all"]
 
 log = logging.getLogger("elasticd.monitor")
 
 MONITOR_TIMEOUT = 1.0  # seconds a worker has to answer: the page refreshes every few seconds
+# The most bytes a worker's register may have: about 30,000 users of ~130 bytes each. A tenant's worker answers
+# it, and elasticd holds it in memory and parses it: a bigger one closes the worker's channel and its row reads
+# "unreachable".
+MAX_REGISTER = 4 << 20
 
 
 class Asker(Protocol):
@@ -29,7 +33,8 @@ class Asker(Protocol):
     def capabilities(self, worker_id: str) -> frozenset[str]: ...
 
     async def request(self, worker_id: str, message: dict[str, Any], timeout: float,
-                      payload: bytes | None = None) -> tuple[dict[str, Any], bytes | None]: ...
+                      payload: bytes | None = None, *, answer_limit: int = ...,
+                      ) -> tuple[dict[str, Any], bytes | None]: ...
 
 
 async def ask_all(channel: Asker, workers: Sequence[tuple[str, str]],
@@ -43,7 +48,7 @@ async def _ask(channel: Asker, worker: str, group: str, timeout: float) -> Worke
     if "monitor" not in channel.capabilities(worker):
         return WorkerAnswer(worker, group, asked=False)
     try:
-        answer, payload = await channel.request(worker, {"type": "monitor"}, timeout)
+        answer, payload = await channel.request(worker, {"type": "monitor"}, timeout, answer_limit=MAX_REGISTER)
     except Exception as exc:  # TimeoutError, ChannelError (no connection, closed meanwhile), a send that failed
         log.debug("monitor: %s did not answer: %s", worker, exc)
         return WorkerAnswer(worker, group, error="unreachable")

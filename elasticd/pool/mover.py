@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from elasticd.frames import MAX_PAYLOAD
 from elasticd.pool.move import (
     ASK_SNAPSHOT,
     RELEASE,
@@ -62,18 +63,23 @@ class MoveFront(Protocol):
 class MoveChannel(Protocol):
     def capabilities(self, worker_id: str) -> frozenset[str]: ...
     async def request(self, worker_id: str, message: dict[str, Any], timeout: float,
-                      payload: bytes | None = None) -> tuple[dict[str, Any], bytes | None]: ...
+                      payload: bytes | None = None, *, answer_limit: int = ...,
+                      ) -> tuple[dict[str, Any], bytes | None]: ...
     def tell(self, worker_id: str, message: dict[str, Any]) -> bool: ...
 
 
 class Mover:
-    __slots__ = ("_channel", "_clock", "_front", "_on_end", "book", "stats")
+    __slots__ = ("_channel", "_clock", "_front", "_on_end", "_package_limit", "book", "stats")
 
     def __init__(self, front: MoveFront, channel: MoveChannel, *,
                  on_end: Callable[[Move, MoveSummary], None] | None = None,
+                 package_limit: Callable[[str], int] = lambda worker_id: MAX_PAYLOAD,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._front = front
         self._channel = channel
+        # The most bytes a source worker's package may have (its group's pool.max_package): a worker's answer,
+        # so a tenant's own bytes, read into elasticd's memory before it goes on to the target.
+        self._package_limit = package_limit
         self._on_end = on_end  # the journal and the metrics
         self._clock = clock
         self.book = MoveBook()
@@ -157,7 +163,9 @@ class Mover:
                    expected: str) -> int:
         """One request of the move's; its answer as the move's next input (or its abort)."""
         try:
-            answer, data = await self._channel.request(worker, message, max(remaining, 0.001), payload)
+            answer, data = await self._channel.request(
+                worker, message, max(remaining, 0.001), payload,
+                answer_limit=self._package_limit(worker) if expected == "package" else 0)
         except TimeoutError:
             return move.tick(max(self._clock(), move.deadline)) if not move.over else 0
         except Exception as exc:  # the worker has no channel (any more): it cannot carry this step

@@ -5,8 +5,9 @@ Pure: a ``WorkerSpec`` is derived from the config and compared on reload (a chan
 workers are replaced); the argv and environment of one start are derived from the spec.
 
 The order of one start: elasticd forks (from the event loop's thread: see below), the child execs the
-trampoline as root, which puts its own pid into the leaf, then sets the umask (027: no file a worker makes is
-anyone else's to read), then execs ``setpriv``, which drops to the tenant's
+trampoline as root, which puts its own pid into the leaf; under journald it then execs ``systemd-cat``, which
+connects the worker's stdout and stderr to a journald stream of its own (see ``JournalStream``); then it sets the
+umask (027: no file a worker makes is anyone else's to read), then execs ``setpriv``, which drops to the tenant's
 user (``--reuid/--regid``, no supplementary groups, no new privileges, every capability gone from the
 inheritable and bounding sets) and sets the parent-death signal, then execs the command. So the tenant's first
 instruction already runs unprivileged and inside its leaf, and can never regain privileges.
@@ -28,8 +29,8 @@ from dataclasses import dataclass
 from elasticd.config.model import App, Group, RunAs
 from elasticd.worker_ids import parse_worker_id
 
-__all__ = ["TRAMPOLINE", "UMASK", "WorkerSpec", "permits", "privileges", "socket_dir", "socket_path",
-           "spawn_argv", "spec_for", "worker_env"]
+__all__ = ["SETPRIV", "TRAMPOLINE", "UMASK", "JournalStream", "WorkerSpec", "channel_path", "permits", "privileges",
+           "socket_dir", "socket_path", "spawn_argv", "spec_for", "worker_env"]
 
 # The one constant shell script of ADR-0010. It runs as the worker's own pid: it writes that pid into the
 # leaf's cgroup.procs and only then execs the command, so the worker's first instruction (and every child
@@ -68,21 +69,58 @@ def spec_for(app: App, group: Group, leaf: str | None, run_as: RunAs | None = No
 UMASK = 'umask 027 && exec "$@"'
 
 
+# By its absolute path: it runs as root, and a name would be looked up on the PATH the worker is given, which a
+# group's `env:` may set to a directory the tenant can write (its venv's bin/): a `setpriv` planted there would run
+# as root. (util-linux, Essential on Debian, installs it here; /bin is /usr/bin on every supported release.)
+SETPRIV = "/usr/bin/setpriv"
+
+
 def privileges(run_as: RunAs | None) -> list[str]:
     """setpriv's part of the argv: the tenant's user without a way back, and the parent-death signal (for a
     tenant without a user too: a worker must never outlive elasticd)."""
     if run_as is None:
-        return ["setpriv", "--pdeathsig", "SIGKILL", "--"]
-    return ["setpriv", f"--reuid={run_as.uid}", f"--regid={run_as.gid}", "--clear-groups", "--no-new-privs",
+        return [SETPRIV, "--pdeathsig", "SIGKILL", "--"]
+    return [SETPRIV, f"--reuid={run_as.uid}", f"--regid={run_as.gid}", "--clear-groups", "--no-new-privs",
             "--inh-caps=-all", "--bounding-set=-all", "--pdeathsig", "SIGKILL", "--"]
 
 
-def spawn_argv(spec: WorkerSpec, socket: str | None = None) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class JournalStream:
+    """Under journald, a worker's stdout and stderr go to journald's stream socket without passing through
+    elasticd: ``systemd-cat`` (package systemd, the standard tool for it) connects to
+    /run/systemd/journal/stdout itself, puts that stream on fds 1 and 2 and execs the rest of the argv, so the
+    pid stays the worker's. It comes right after the trampoline: it connects from inside the worker's leaf, and
+    journald attributes a stream to the process that connected it — ``_SYSTEMD_CGROUP`` names the tenant and
+    the app, ``_SYSTEMD_UNIT`` is still elasticd.service (``journalctl -u elasticd`` shows the lines), and
+    ``SYSLOG_IDENTIFIER`` is the worker id (``journalctl -t acme.shop.green.1``). If it cannot connect it exits
+    without exec'ing anything: the worker does not start, as when the trampoline fails.
+
+    ``--level-prefix=false``: journald would otherwise read a leading ``<N>`` of each line as its priority, and a
+    tenant printing ``<0>...`` would log at emerg, which journald sends to every terminal (ForwardToWall). Every
+    line is at the fixed priority info instead — which also keeps a tenant out of the rate-limit pools of
+    elasticd's own warnings and errors (journald's bucket is per unit and per priority class: see the README).
+    Its options end at ``--`` (and its getopt stops at the first non-option): no byte of the command is read as
+    an option. ``systemd_cat`` is an absolute path found once at start in the system's directories: it runs as
+    root, so never through a PATH a group's ``env`` could point at a tenant's files.
+    """
+
+    systemd_cat: str
+    identifier: str  # SYSLOG_IDENTIFIER: the worker id, tenant.app.group.N
+
+    def argv(self) -> list[str]:
+        return [self.systemd_cat, f"--identifier={self.identifier}", "--priority=info", "--level-prefix=false",
+                "--"]
+
+
+def spawn_argv(spec: WorkerSpec, socket: str | None = None, journal: JournalStream | None = None) -> list[str]:
     """The argv of one start. ``{socket}`` in the command is the worker's own socket path (the bare path of
     ELASTIC_LISTEN), so ``["gunicorn", "--bind", "unix:{socket}", "app:app"]`` needs no shell; it is per worker,
-    hence substituted here and not in the group's spec."""
+    hence substituted here and not in the group's spec. With ``journal``, the worker's output goes straight to
+    journald (``JournalStream``); without, to whatever stdout and stderr elasticd gives the process."""
     argv = [arg.replace("{socket}", socket) for arg in spec.argv] if socket is not None else list(spec.argv)
     argv = ["/bin/sh", "-c", UMASK, "umask", *privileges(spec.run_as), *argv]
+    if journal is not None:
+        argv = [*journal.argv(), *argv]
     if spec.leaf is None:
         return argv
     return ["/bin/sh", "-c", TRAMPOLINE, spec.leaf, *argv]
@@ -96,7 +134,7 @@ def worker_env(spec: WorkerSpec, base: Mapping[str, str], *, worker_id: str, tok
     env.update(spec.env)
     env.update({
         "ELASTIC_LISTEN": f"unix:{socket_path(runtime_dir, worker_id)}",
-        "ELASTIC_CHANNEL": f"unix:{os.path.join(runtime_dir, 'channel.sock')}",
+        "ELASTIC_CHANNEL": f"unix:{channel_path(runtime_dir, worker_id.split('.', 1)[0])}",
         "ELASTIC_WORKER_ID": worker_id,
         "ELASTIC_TOKEN": token,
         "ELASTIC_OCCUPANCY_INTERVAL": f"{occupancy_interval:g}",
@@ -108,6 +146,12 @@ def socket_dir(runtime_dir: str, tenant: str) -> str:
     """A tenant's worker sockets live in a directory of its own, which only its user (and elasticd) may enter:
     another tenant cannot connect to them."""
     return os.path.join(runtime_dir, "workers", tenant)
+
+
+def channel_path(runtime_dir: str, tenant: str) -> str:
+    """The channel socket a tenant's workers announce on: in its own socket directory, so no other tenant can even
+    connect to it (a connection costs elasticd an accept and a descriptor before any token is checked)."""
+    return os.path.join(socket_dir(runtime_dir, tenant), "channel.sock")
 
 
 def socket_path(runtime_dir: str, worker_id: str) -> str:

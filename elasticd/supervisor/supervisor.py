@@ -26,7 +26,7 @@ from elasticd.background import Background
 from elasticd.config.model import Config, RunAs
 from elasticd.supervisor.plan import Desired, GroupKey, Plan, Running, plan
 from elasticd.supervisor.spawn import WorkerSpec, socket_dir, spec_for
-from elasticd.supervisor.worker import Worker
+from elasticd.supervisor.worker import Worker, journal_for_workers
 from elasticd.worker_ids import format_worker_id
 
 __all__ = ["ApplyResult", "Supervisor"]
@@ -74,12 +74,16 @@ class _Group:
 
 class Supervisor:
     __slots__ = ("_alive", "_background", "_counters", "_groups", "_lock", "changes", "drain", "leaf_for",
-                 "occupancy_interval", "on_worker_state", "runtime_dir", "start_wait", "stop_timeout", "stopping")
+                 "occupancy_interval", "on_worker_state", "runtime_dir", "start_wait", "stop_timeout", "stopping",
+                 "systemd_cat")
 
     def __init__(self, runtime_dir: str, leaf_for: Callable[[str, str], str | None], *,
                  stop_timeout: float = 10.0, occupancy_interval: float = 5.0,
-                 start_wait: float = START_WAIT) -> None:
+                 start_wait: float = START_WAIT, systemd_cat: str | None = None) -> None:
         self.runtime_dir = runtime_dir
+        # Where every worker's output goes, decided once per daemon start (``journal_for_workers``): systemd-cat's
+        # path, straight to journald; None, relayed through elasticd's log within a bound per worker.
+        self.systemd_cat = systemd_cat
         self.leaf_for = leaf_for
         self.stop_timeout = stop_timeout
         self.occupancy_interval = occupancy_interval
@@ -97,6 +101,11 @@ class Supervisor:
         self._lock = asyncio.Lock()
         self.drain: DrainFn | None = None  # the daemon's: waits on the front's open requests and tunnels
         self.stopping = False
+
+    @staticmethod
+    def journal_for_workers() -> str | None:
+        """The daemon's ``systemd_cat=`` (see ``worker.journal_for_workers``)."""
+        return journal_for_workers()
 
     # ------------------------------------------------------------------ views
 
@@ -228,7 +237,8 @@ class Supervisor:
         number = self._counters[key] = self._counters.get(key, 0) + 1
         tenant, app, group = key
         worker = Worker(format_worker_id(tenant, app, group, number), tenant, app, group, spec,
-                        runtime_dir=self.runtime_dir, occupancy_interval=self.occupancy_interval)
+                        runtime_dir=self.runtime_dir, occupancy_interval=self.occupancy_interval,
+                        systemd_cat=self.systemd_cat)
         worker.on_state = self._worker_state
         self._alive[worker.id] = worker  # before it starts: from here on, stop_all reaches it
         return worker

@@ -3,15 +3,23 @@
 A ``Worker`` keeps its id across restarts (status shows its restart count); each start gets a fresh token
 and process. The run loop is one task per worker; everything it decides (delays, the failed verdict) comes
 from ``RestartPolicy``.
+
+A worker's output (stdout and stderr) goes one of two ways, chosen once per daemon start
+(``journal_for_workers``): under journald, straight to a journald stream of its own (``JournalStream`` in
+spawn.py: elasticd never touches those bytes); elsewhere, through a pipe elasticd reads and logs line by line,
+prefixed by the worker id, within a rate bound per worker (``OutputBound`` in output.py decides; this file only
+reads, sleeps and logs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import logging
 import os
 import secrets
+import shutil
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -20,15 +28,38 @@ import psutil
 
 from elasticd.background import watch
 from elasticd.supervisor.backoff import RestartPolicy
+from elasticd.supervisor.output import LINES_PER_SECOND, READ_CHUNK, LineSplitter, OutputBound
 from elasticd.supervisor.runnable import runnable
-from elasticd.supervisor.spawn import WorkerSpec, socket_path, spawn_argv, worker_env
+from elasticd.supervisor.spawn import JournalStream, WorkerSpec, socket_path, spawn_argv, worker_env
+from elasticd.systemd import stderr_is_journal
 
-__all__ = ["Worker"]
+__all__ = ["Worker", "journal_for_workers"]
 
 log = logging.getLogger("elasticd.worker")
 
 _READY_POLL = 0.05  # seconds between connection attempts while a worker starts
-_LOG_CHUNK = 65536
+
+# Where systemd-cat is looked for: the system's own directories. It runs as root (before setpriv), so never from a
+# PATH that a group's env could point at files a tenant writes.
+_SYSTEM_BIN = "/usr/bin:/bin"
+
+
+def journal_for_workers(environ: Mapping[str, str] | None = None) -> str | None:
+    """Decided once per daemon start: systemd-cat's absolute path when elasticd's own stderr is the journal (each
+    worker's output then goes to journald directly), None when elasticd relays it (a terminal, ./dev run, tests;
+    or systemd-cat missing, which is said here, once)."""
+    env = os.environ if environ is None else environ
+    if not stderr_is_journal(env.get("JOURNAL_STREAM")):
+        return None
+    systemd_cat = shutil.which("systemd-cat", path=_SYSTEM_BIN)
+    if systemd_cat is None:
+        log.warning("elasticd logs to the journal, but systemd-cat (package systemd) is not in %s: workers' output "
+                    "is relayed through elasticd's own log instead, at most %g lines a second per worker",
+                    _SYSTEM_BIN, LINES_PER_SECOND)
+        return None
+    log.info("workers' output goes straight to the journal through %s: journalctl -u elasticd -t <worker id>",
+             systemd_cat)
+    return systemd_cat
 
 
 class Worker:
@@ -39,10 +70,12 @@ class Worker:
         "_clock",
         "_exited",
         "_occupancy_interval",
+        "_output_bound",
         "_process",
         "_ready",
         "_runtime_dir",
         "_stop_requested",
+        "_systemd_cat",
         "_task",
         "app",
         "group",
@@ -60,7 +93,8 @@ class Worker:
 
     def __init__(self, worker_id: str, tenant: str, app: str, group: str, spec: WorkerSpec, *,
                  runtime_dir: str, occupancy_interval: float, base_env: Mapping[str, str] | None = None,
-                 policy: RestartPolicy | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 policy: RestartPolicy | None = None, clock: Callable[[], float] = time.monotonic,
+                 systemd_cat: str | None = None) -> None:
         self.id = worker_id
         self.tenant = tenant
         self.app = app
@@ -82,6 +116,9 @@ class Worker:
         self._ready = asyncio.Event()
         self._exited = asyncio.Event()
         self._stop_requested = False
+        # systemd-cat's path: the worker's output goes straight to journald. None: elasticd relays it.
+        self._systemd_cat = systemd_cat
+        self._output_bound: OutputBound | None = None  # the relay's, made at its first read; kept across restarts
 
     # ------------------------------------------------------------------ views
 
@@ -209,19 +246,44 @@ class Worker:
                 return None
         self.started_at = self._clock()
         self._set_state("starting")
+        journal = JournalStream(self._systemd_cat, self.id) if self._systemd_cat is not None else None
+        relayed: io.FileIO | None = None  # the read end of the worker's output pipe, when elasticd relays it
+        worker_end: int | None = None
+        if journal is not None:
+            # systemd-cat replaces stdout and stderr before it execs anything a tenant wrote: until then, stderr is
+            # elasticd's own, so that the trampoline's or systemd-cat's failure is in elasticd's log.
+            stdout, stderr = asyncio.subprocess.DEVNULL, None
+        else:
+            # A pipe of elasticd's own rather than asyncio's PIPE: nothing reads it between the relay's reads (a
+            # StreamReader's transport would, at every write), so it fills and the writer blocks. Only the read
+            # end is non-blocking: the two ends are two open files, and the worker's writes must block, not fail.
+            read_end, worker_end = os.pipe2(os.O_CLOEXEC)
+            os.set_blocking(read_end, False)
+            relayed = io.FileIO(read_end, "r")  # closing a file twice is harmless, unlike an fd
+            stdout, stderr = worker_end, asyncio.subprocess.STDOUT
+        process: asyncio.subprocess.Process | None = None
         try:
             process = await asyncio.create_subprocess_exec(
-                *spawn_argv(self.spec, self.socket_path), env=env, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                *spawn_argv(self.spec, self.socket_path, journal), env=env, cwd=cwd,
+                stdin=asyncio.subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                 # Its own session and process group: signals sent to elasticd's terminal or group do not
                 # reach it, and the whole group can be killed when the worker goes.
                 start_new_session=True)
         except OSError as exc:
             log.error("worker %s could not be started: %s", self.id, exc)
+        finally:
+            if worker_end is not None:
+                os.close(worker_end)  # the worker has its own copy: only its process tree keeps the pipe open now
+            if process is None and relayed is not None:
+                relayed.close()
+        if process is None:
             return None
         self._process = process
         log.info("worker %s started, pid %d", self.id, process.pid)
-        pump = watch(asyncio.create_task(self._pump_output(process)), log, f"relaying worker {self.id}'s output")
+        pump = None
+        if relayed is not None:
+            pump = watch(asyncio.create_task(self._relay_output(relayed)), log, f"relaying worker {self.id}'s output")
+            pump.add_done_callback(lambda _: relayed.close())  # also when cancelled before it ran at all
         probe = watch(asyncio.create_task(self._await_socket(process)), log,
                       f"waiting for worker {self.id}'s socket")
         try:
@@ -232,8 +294,9 @@ class Worker:
             # the leaf busy). The group id cannot be reused while any member lives, so this is safe.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
-            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(pump, 1.0)
+            if pump is not None:
+                with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(pump, 1.0)
         self._ready.clear()
         if not self._stop_requested:
             self._set_state("exited")
@@ -255,23 +318,55 @@ class Worker:
                 self._ready.set()
             return
 
-    async def _pump_output(self, process: asyncio.subprocess.Process) -> None:
-        """Worker output goes to elasticd's log, one line at a time, prefixed by the worker id."""
-        assert process.stdout is not None
-        pending = b""
-        while True:
-            chunk = await process.stdout.read(_LOG_CHUNK)
-            if not chunk:
-                break
-            lines = (pending + chunk).split(b"\n")
-            pending = lines.pop()
-            if len(pending) > _LOG_CHUNK:  # a runaway line: log it in pieces rather than buffer forever
-                lines.append(pending)
-                pending = b""
-            for line in lines:
-                log.info("[%s] %s", self.id, line.decode("utf-8", "replace").rstrip("\r"))
-        if pending:
-            log.info("[%s] %s", self.id, pending.decode("utf-8", "replace"))
+    async def _relay_output(self, pipe: io.FileIO) -> None:
+        """Worker output goes to elasticd's log, one line at a time, prefixed by the worker id, within the bound
+        (``OutputBound``): reads are spaced and paused while the worker writes faster than the bound (its pipe
+        fills and its writes block), and lines beyond the bound are dropped, with a note of how many."""
+        loop = asyncio.get_running_loop()
+        if self._output_bound is None:
+            self._output_bound = OutputBound(loop.time())
+        bound = self._output_bound
+        lines = LineSplitter()
+        try:
+            while True:
+                if not await _readable(loop, pipe.fileno(), bound.note_due_in(loop.time())):
+                    self._note_suppressed(bound.flush(loop.time()))  # the worker went quiet after a flood
+                    continue
+                chunk = pipe.read(READ_CHUNK)
+                if chunk is None:  # (nothing after all)
+                    continue
+                if not chunk:
+                    break
+                now = loop.time()
+                block, count = lines.feed(chunk)
+                if count:
+                    logged, suppressed_before = bound.admit(count, now)
+                    self._note_suppressed(suppressed_before)
+                    for line in block.split(b"\n", logged)[:logged]:
+                        self._log_line(line)
+                await asyncio.sleep(bound.pause_after_read(len(chunk), now))
+            rest = lines.rest()
+            if rest:
+                logged, suppressed_before = bound.admit(1, loop.time())
+                self._note_suppressed(suppressed_before)
+                if logged:
+                    self._log_line(rest)
+        finally:
+            pipe.close()
+            self._note_suppressed(bound.flush(loop.time()))
+
+    def _log_line(self, line: bytes) -> None:
+        # A NUL shown, not passed on: when elasticd's own stderr is the journal (the relay stands in for a missing
+        # systemd-cat), journald ends a line at a NUL and reads a "<N>" after it as the priority — "x\0<0>..."
+        # would log at emerg, which journald sends to every terminal.
+        text = line.decode("utf-8", "replace").rstrip("\r").replace("\0", "\\0")
+        log.info("[%s] %s", self.id, text)
+
+    def _note_suppressed(self, count: int) -> None:
+        if count:
+            log.warning("worker %s: suppressed %d lines of output (more than %g a second; under journald, where "
+                        "workers write to it directly, nothing is dropped by elasticd)", self.id, count,
+                        LINES_PER_SECOND)
 
     def _set_state(self, state: str) -> None:
         if state == self.state:
@@ -279,6 +374,22 @@ class Worker:
         self.state = state
         if self.on_state is not None:
             self.on_state(self)
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, fd: int, timeout: float | None) -> bool:
+    """Wait until ``fd`` has something to read (or its end): True; False after ``timeout`` seconds."""
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        done, _ = await asyncio.wait({ready}, timeout=timeout)
+    finally:
+        loop.remove_reader(fd)
+    return bool(done)
 
 
 def _kill_tree(pid: int) -> None:
