@@ -47,6 +47,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 IMAGE_DIR = HERE / "image"
 GUEST_DIR = HERE / "guest"
+HOSTILE_WORKER = REPO / "tests" / "apps" / "hostile_worker.py"
 DEFAULT_CACHE = Path(os.environ.get("ELASTICD_IT_CACHE", "/var/cache/elasticd-integration"))
 DEFAULT_WORK = REPO / "build"  # the run directory is build/integration-<suite>
 SUITES = ("bookworm", "trixie")
@@ -154,6 +155,8 @@ def prepare_share(work: Path, deb: Path, only: list[str]) -> Path:
     (share / "results").mkdir(parents=True)
     shutil.copy2(deb, share / deb.name)
     shutil.copytree(GUEST_DIR, share / "guest", ignore=shutil.ignore_patterns("__pycache__"))
+    # Scenario 19's hostile tenant is the functional tests' own (one program, not a copy kept in step by hand).
+    shutil.copy2(HOSTILE_WORKER, share / "guest" / "hostile_worker.py")
     (share / "guest" / "options.json").write_text(json.dumps({"only": only}))
     return share
 

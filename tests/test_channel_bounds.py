@@ -22,6 +22,7 @@ from elasticd.frames import MAX_LINE
 from elasticd.pool.channel import REASONS, ChannelError
 from elasticd.pool.pacing import (
     ACCEPT_BURST,
+    ACCEPT_RATE,
     ANNOUNCE_BURST,
     ANNOUNCE_DEADLINE,
     MAX_UNANNOUNCED_PER_UID,
@@ -31,7 +32,7 @@ from elasticd.pool.pacing import (
     Pacing,
     Unannounced,
 )
-from elasticd.pool.refusal_log import RefusalLog, Saying
+from elasticd.refusal_log import RefusalLog, Saying
 
 # ---------------------------------------------------------------------------------------------- the decisions
 
@@ -105,9 +106,12 @@ def test_unannounced_connections_are_bounded_in_all_and_leave_frees_a_place():
 
 def test_new_connections_per_tenant_socket_are_a_rate():
     budget = ConnectionBudget(now=0.0)
-    assert sum(budget.accept(0.0) for _ in range(ACCEPT_BURST + 10)) == ACCEPT_BURST
-    assert budget.accept(0.0) is False
-    assert budget.accept(1.0) is True
+    assert sum(budget.accept(0.0) == 0.0 for _ in range(ACCEPT_BURST + 10)) == ACCEPT_BURST
+    assert budget.accept(0.0) == pytest.approx(1 / ACCEPT_RATE)  # accepting pauses this long
+    later = 1 / ACCEPT_RATE
+    assert budget.accept(later) == 0.0 and budget.accept(later) > 0.0
+    budget.unused()  # the accept found no connection after all: the token is back
+    assert budget.accept(later) == 0.0 and budget.accept(later) > 0.0
 
 
 @pytest.mark.parametrize(("notes", "said"), [
@@ -194,23 +198,32 @@ async def test_unannounced_connections_past_the_bound_are_closed_at_once(tmp_pat
         await server.stop()
 
 
-async def test_connections_past_the_tenant_sockets_rate_are_closed_unread(tmp_path):
-    server = await serve_channel(tmp_path, Registry())
-    opened = []
+async def test_connections_past_the_tenant_sockets_rate_wait_unaccepted_then_are_served(tmp_path):
+    """Past the rate, elasticd stops accepting: the connections wait in the kernel's backlog (costing it nothing)
+    and are served as the budget refills; none is refused."""
+    registry = Registry()
+    server = await serve_channel(tmp_path, registry)
+    extra = 8
+    workers = [f"t.a.g.{i}" for i in range(ACCEPT_BURST + extra)]
+    for worker in workers:
+        registry.workers[worker] = ("secret", os.getpid())
+    started = time.monotonic()
+
+    async def announce(worker: str) -> float:
+        reader, writer = await asyncio.open_unix_connection(server.path("t"))
+        writer.write(json.dumps({"type": "announce", "worker": worker, "token": "secret"}).encode() + b"\n")
+        await writer.drain()
+        assert json.loads(await asyncio.wait_for(reader.readline(), 10)) == {"type": "ok"}
+        waited = time.monotonic() - started
+        writer.close()
+        return waited
+
     try:
-        for _ in range(ACCEPT_BURST + 8):
-            reader, writer = await asyncio.open_unix_connection(server.path("t"))
-            opened.append((reader, writer))
-            await asyncio.sleep(0)  # (let the server accept it)
-            if len(opened) % MAX_UNANNOUNCED_PER_UID == 0:  # stay under the unannounced bound: only the rate counts
-                for _, w in opened[-MAX_UNANNOUNCED_PER_UID:]:
-                    w.close()
-                await asyncio.sleep(0.05)
-        await asyncio.sleep(0.2)
-        assert _refused(server, "too-many-connections") >= 7  # (the rate refills a little meanwhile)
+        waits = sorted(await asyncio.gather(*(announce(w) for w in workers)))
+        assert waits[-1] >= (extra - 1) / ACCEPT_RATE * 0.8  # the last ones waited for the budget
+        assert _refused(server, "too-many-connections") >= 1  # counted once a pause, not per connection
+        assert not {r for (_, _, r) in server.refusals()} - {"too-many-connections"}  # nothing else refused
     finally:
-        for _, writer in opened:
-            writer.close()
         await server.stop()
 
 

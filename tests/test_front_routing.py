@@ -20,7 +20,7 @@ tenants:
         root: /srv/acme/shop
         default_group: green
         groups:
-          blue: {command: [x]}
+          blue: {command: [x], concurrency: 3}
           green: {command: [x]}
   globex:
     apps:
@@ -56,10 +56,14 @@ def test_normalize_host(header: str | None, host: str | None) -> None:
 
 def test_from_config_maps_every_domain_to_the_default_group() -> None:
     table = RouteTable.from_config(parse_config(CONFIG))
-    shop = AppRoute("acme", "shop", "green", groups=frozenset({"blue", "green"}), label="acme/shop")
+    shop = AppRoute("acme", "shop", "green", groups=frozenset({"blue", "green"}), label="acme/shop",
+                    concurrency=(("blue", 3), ("green", 8)))
     assert table.lookup("shop.localhost:8080") == shop
     assert table.lookup("shop.example.com.") == shop
-    blog = AppRoute("globex", "blog", "blue", groups=frozenset({"blue"}), label="globex/blog")
+    # each group's concurrency bounds the front's connections to its workers (front.core.bounds)
+    assert (shop.concurrency_of("blue"), shop.concurrency_of("green"), shop.concurrency_of("gone")) == (3, 8, 8)
+    blog = AppRoute("globex", "blog", "blue", groups=frozenset({"blue"}), label="globex/blog",
+                    concurrency=(("blue", 8),))
     assert table.lookup("www.blog.localhost") == blog  # first group by default
     assert table.lookup("unknown.localhost") is None
     assert len(table) == 4

@@ -12,6 +12,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Final
 
+from elasticd.front.core.bounds import HEAD_TIME
 from elasticd.front.core.connection import (
     CLOSE,
     CROWDED,
@@ -237,13 +238,16 @@ class ClientConn(asyncio.Protocol):
         elif relay.queue:  # pipelined requests wait (the common keep-alive case has none)
             self._pump()
 
-    def upstream_failed(self, ex: Exchange, reused: bool, received: bool, path: str, why: str) -> None:
+    def upstream_failed(self, ex: Exchange, reused: bool, received: bool, path: str, why: str,
+                        refused: str = "") -> None:
         if self.transport is None:
             return
         relay = self.relay
         failure = relay.worker_lost(ex, reused=reused, received=received)
         if failure is FAILURE_LATE:
             return
+        if refused:
+            self._count_refusal(ex, refused)
         if relay.paused and relay.worker_gone():
             self.transport.resume_reading()  # paused while that worker connection's buffer was full
         if failure is FAILURE_RETRY:
@@ -253,14 +257,26 @@ class ClientConn(asyncio.Protocol):
         if failure is FAILURE_CUT:
             # The answer had started: the client can only be told by a cut connection (a truncated answer,
             # never a complete-looking wrong one).
-            log.warning("%s %s: worker %s %s mid-answer; cutting the client connection",
-                        ex.method.decode(), ex.url.decode(errors="replace"), ex.worker, why)
+            self.front.tell_of_worker(ex.worker, "cut", "%s %s: worker %s %s mid-answer; cutting the client "
+                                      "connection", ex.method.decode(), ex.url.decode(errors="replace"), ex.worker,
+                                      why)
             self.front.settle(ex, ex.status, EVENT_CUT)
             self.transport.close()
             return
-        log.warning("%s %s: worker %s %s", ex.method.decode(), ex.url.decode(errors="replace"), ex.worker, why)
+        self.front.tell_of_worker(ex.worker, "failed", "%s %s: worker %s %s", ex.method.decode(),
+                                  ex.url.decode(errors="replace"), ex.worker, why)
+        if refused:
+            # It answered, past a bound (or not in HTTP): this request fails, the worker stays routable (its users'
+            # state lives there), and its connection is closed already.
+            self.front.relay_failed(self, ex, 502, f"the worker {why}")
+            return
         self.front.worker_failed(ex.worker, path)
         self.front.relay_failed(self, ex, 502, "the worker could not be reached")
+
+    def _count_refusal(self, ex: Exchange, reason: str) -> None:
+        route = ex.route
+        if route is not None:
+            self.front.forwards.upstream_refused(route.tenant, route.app, reason)
 
     def became_tunnel(self, ex: Exchange, conn: WorkerSide, tail: bytes) -> None:
         """101 Switching Protocols went to the client: both connections now carry the new protocol."""
@@ -303,13 +319,23 @@ class ClientConn(asyncio.Protocol):
             transport.close()  # an idle keep-alive connection, or a head that never completed
             return
         if decision is TIMEOUT_CUT:
-            log.warning("%s %s: worker %s stalled mid-answer; cutting the client connection",
-                        ex.method.decode(), ex.url.decode(errors="replace"), ex.worker)
+            self.front.tell_of_worker(ex.worker, "stalled", "%s %s: worker %s stalled mid-answer; cutting the "
+                                      "client connection", ex.method.decode(), ex.url.decode(errors="replace"),
+                                      ex.worker)
             self.front.settle(ex, ex.status, EVENT_CUT)
             transport.close()
             return
-        log.warning("%s %s: worker %s did not answer within %gs", ex.method.decode(),
-                    ex.url.decode(errors="replace"), ex.worker, self.front.request_timeout)
+        timeout = self.front.request_timeout
+        if ex.head_began > 0.0:  # its head began and never came whole (trickled): ClientRelay.head_overdue
+            self._count_refusal(ex, HEAD_TIME)
+            self.front.tell_of_worker(ex.worker, "head-time", "%s %s: worker %s did not send its answer head whole "
+                                      "within %gs", ex.method.decode(), ex.url.decode(errors="replace"), ex.worker,
+                                      timeout)
+            self.front.relay_failed(self, ex, 504, f"the worker did not send its answer head whole within {timeout:g}s",
+                                    close=True)
+            return
+        self.front.tell_of_worker(ex.worker, "timeout", "%s %s: worker %s did not answer within %gs",
+                                  ex.method.decode(), ex.url.decode(errors="replace"), ex.worker, timeout)
         self.front.relay_failed(self, ex, 504, "the worker did not answer in time", close=True)
 
     def fail_closed(self, error: BaseException) -> None:

@@ -34,8 +34,13 @@ class ClientSide(Protocol):
         """The worker's answer is complete and was relayed. ``close_after``: what its head said (None: no
         head came, which closes)."""
 
-    def upstream_failed(self, ex: Exchange, reused: bool, received: bool, path: str, why: str) -> None:
-        """The worker's connection (on socket ``path``) ended before the answer did."""
+    def send_head(self, ex: Exchange) -> None:
+        """``ex`` has its worker connection (``ex.conn``): its head, with whatever body came, goes to the worker."""
+
+    def upstream_failed(self, ex: Exchange, reused: bool, received: bool, path: str, why: str,
+                        refused: str = "") -> None:
+        """The worker's connection (on socket ``path``) ended before the answer did; ``refused``: the bound its
+        answer passed (``core.bounds``' reason), "" when the connection failed."""
 
     def became_tunnel(self, ex: Exchange, conn: WorkerSide, tail: bytes) -> None: ...
 
@@ -67,8 +72,11 @@ class FrontSide(Protocol):
 
     def backed_off(self, ex: Exchange) -> None: ...
 
-    def relay_failed(self, client: Any, ex: Exchange, status: int, text: str, close: bool = False) -> None: ...
+    def relay_failed(self, client: Any, ex: Exchange, status: int, text: str, close: bool = False,
+                     retry_after: int | None = None) -> None: ...
 
     def retry(self, client: Any, ex: Exchange) -> None: ...
 
     def worker_failed(self, worker_id: str | None, path: str) -> None: ...
+
+    def tell_of_worker(self, worker: str | None, kind: str, message: str, *args: object) -> None: ...

@@ -3,7 +3,10 @@
 - ``elasticd_requests_total{tenant,app,code}``: every answer to a request routed to an app, refusals included;
 - ``elasticd_request_duration_seconds{tenant,app}``: the forwarded ones' time from dispatch to the last byte;
 - ``elasticd_quota_rejections_total{tenant,reason}``: reason ``concurrency`` (503) or ``rate`` (429), both
-  present at 0 for every configured tenant, so a rate() over them has a series from the start.
+  present at 0 for every configured tenant, so a rate() over them has a series from the start;
+- ``elasticd_upstream_refusals_total{tenant,app,reason}``: what the front refused of an app's workers past a bound
+  (``front.core.bounds``: ``head_size``, ``head_fields``, ``head_time``, ``interim``, ``framing``, ``malformed``,
+  ``connections``), once one was.
 
 ``collect`` runs in the metrics server's thread: it only reads copies of the dicts the event loop mutates
 (copying a dict is atomic under the GIL), and counts read while a request is being closed are at worst one
@@ -62,3 +65,10 @@ class FrontCollector(Collector):
         for (tenant, app, group, reason), count in sorted(self._forwards.routing_counts().items()):
             routing.add_metric([tenant, app, group, reason], count)
         yield routing
+        refusals = CounterMetricFamily("elasticd_upstream_refusals_total",
+                                       "What the front refused of an app's workers past one of its bounds (an answer "
+                                       "head too large, too long in coming, malformed...), by reason.",
+                                       labels=["tenant", "app", "reason"])
+        for (tenant, app, reason), count in sorted(self._forwards.upstream_refusals.copy().items()):
+            refusals.add_metric([tenant, app, reason], count)
+        yield refusals

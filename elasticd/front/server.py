@@ -19,6 +19,7 @@ from elasticd.background import watch
 from elasticd.config.model import Address, Quotas
 from elasticd.front import serving
 from elasticd.front.client import ClientConn
+from elasticd.front.core.bounds import CONNECTIONS, MAX_HEAD_BYTES, MAX_WAITING, OPEN, WAIT, next_connection
 from elasticd.front.core.counters import ForwardCounters
 from elasticd.front.core.dispatch import Hold, Refuse, Room, Target, Wake, decide, has_room
 from elasticd.front.core.exchange import Exchange
@@ -36,8 +37,10 @@ from elasticd.front.core.relay import (
 )
 from elasticd.front.core.routing import AppRoute, RouteTable
 from elasticd.front.core.sticky import PlaceFn, Surface, place
+from elasticd.front.links import ClientSide
 from elasticd.front.request_metrics import FrontCollector
 from elasticd.front.upstream import ConnectionPool, Upstream, UpstreamConn
+from elasticd.refusal_log import RefusalLog
 
 __all__ = ["Front", "WorkersFn"]
 
@@ -50,6 +53,7 @@ _MISS: Final = object()
 _MAX_HOSTS: Final = 1024  # Host header values remembered with their route (a flood of odd names only resets it)
 STALE_MARGIN: Final = 10.0  # seconds past request_timeout before a dead open-requests entry is swept
 _WAKE_RETRY_AFTER: Final = 5  # seconds a client is told to wait after a cold start that did not come up
+_CROWDED_RETRY_AFTER: Final = 1  # seconds a client is told to wait when too many requests wait for its worker
 
 
 def _group_name(key: tuple[str, str, str]) -> str:
@@ -60,13 +64,13 @@ class Front:
     __slots__ = ("_address", "_connecting", "_next_expiry", "_pools", "_probes", "_room_terms", "_routes", "_server",
                  "_targets", "_timer", "_workers", "clock", "conns", "forwards", "full", "held", "keepalive_timeout",
                  "kept", "max_header_bytes", "move_timeout", "on_backoff", "on_login", "place", "port", "quotas",
-                 "request_timeout", "rooms", "stale_after", "stopping", "surface", "tunnel_timeout", "unroutable",
-                 "wake", "waking")
+                 "request_timeout", "rooms", "said", "stale_after", "stopping", "surface", "tunnel_timeout",
+                 "unroutable", "wake", "waking")
 
     def __init__(self, address: Address, routes: RouteTable, workers: WorkersFn, *,
                  quotas: Mapping[str, Quotas] | None = None, request_timeout: float = 60.0,
                  user_ttl: float = 1800.0, clock: Callable[[], float] = time.monotonic,
-                 max_header_bytes: int = 32 << 10, keepalive_timeout: float = 75.0,
+                 max_header_bytes: int = MAX_HEAD_BYTES, keepalive_timeout: float = 75.0,
                  tunnel_timeout: float = 3600.0, move_timeout: float = 10.0) -> None:
         self._address = address
         self._routes = routes
@@ -99,6 +103,9 @@ class Front:
         # An open-requests entry idle past the request timeout (plus a margin for the tick) can only be a leak.
         self.stale_after = request_timeout + STALE_MARGIN
         self.quotas = QuotaBook(quotas or {}, clock())
+        # What a worker did wrong, said once a minute per worker and kind: a hostile worker failing every request
+        # would otherwise make each one a line of elasticd's log (the counters count every one).
+        self.said = RefusalLog()
         self.surface = Surface(user_ttl)
         self.forwards = ForwardCounters()
         self.place: PlaceFn = place  # where a new (or re-placed) user goes: the reception
@@ -228,7 +235,20 @@ class Front:
     def _drop_pool(self, worker_id: str) -> None:
         pool = self._pools.pop(worker_id, None)
         if pool is not None:
-            pool.close()
+            waiting = pool.close()
+            if waiting:  # answered in a later turn of the loop: this may be a dispatch under way
+                asyncio.get_running_loop().call_soon(self._unreachable, waiting)
+
+    def _unreachable(self, waiting: list[tuple[ClientSide, Exchange]]) -> None:
+        """Requests that waited for a connection to a worker that is gone: 502, as the request it was carrying."""
+        for side, ex in waiting:
+            client = cast(ClientConn, side)  # (the front's listener made every client side)
+            if client.transport is None or ex.phase is not PHASE_FORWARDING or ex.conn is not None:
+                continue  # answered or gone meanwhile
+            try:
+                self.relay_failed(client, ex, 502, "the worker could not be reached")
+            except RelayError as exc:
+                client.fail_closed(exc)
 
     def _tick_waking(self, now: float) -> None:
         """Requests waiting for a group at zero: dispatched once the group has a routable worker (the state
@@ -302,8 +322,9 @@ class Front:
             if self._room_terms:
                 self._tick_rooms(now)
             for conn in list(self.conns):
-                limit = conn.relay.idle_limit(self.keepalive_timeout, self.request_timeout, self.tunnel_timeout)
-                if now - conn.active_at > limit:
+                relay = conn.relay
+                limit = relay.idle_limit(self.keepalive_timeout, self.request_timeout, self.tunnel_timeout)
+                if now - conn.active_at > limit or relay.head_overdue(now, self.request_timeout):
                     try:
                         conn.timed_out()
                     except RelayError as exc:
@@ -388,7 +409,9 @@ class Front:
         if pool is None or pool.path != upstream.socket_path:
             self._drop_pool(upstream.worker_id)
             counters = self.forwards.worker(upstream.worker_id)
-            pool = self._pools[upstream.worker_id] = ConnectionPool(upstream, counters)
+            pool = self._pools[upstream.worker_id] = ConnectionPool(upstream, counters,
+                                                                    target.route.concurrency_of(ex.group))
+            pool.on_room = self._room_in
         ex.counters = pool.counters
         idle = pool.idle  # pool.take(), its common case inlined: the most recently used, still open
         conn = idle.pop() if idle else None
@@ -403,7 +426,7 @@ class Front:
             conn.attach(ex, client, True)  # reused
             client.send_head(ex)
         else:
-            self.connect(client, ex, pool)
+            self._open_or_wait(client, ex, pool)
 
     def release(self, user: str) -> int:
         """A move of ``user`` ended: it is forwarded again, and its held requests are dispatched, oldest first,
@@ -463,16 +486,63 @@ class Front:
         if pool is None:  # the worker's pool went meanwhile (found dead by another request)
             self.relay_failed(client, ex, 502, "the worker could not be reached")
             return
-        self.connect(client, ex, pool)
+        self._open_or_wait(client, ex, pool)
+
+    def _open_or_wait(self, client: ClientConn, ex: Exchange, pool: ConnectionPool) -> None:
+        """``ex`` needs a new connection to its worker: opened while the pool is under its bound; else it waits in
+        the pool for one to come free (its timeout still runs), or, with too many waiting, is answered 503."""
+        route = ex.route
+        if route is not None:
+            pool.bound(route.concurrency_of(ex.group))  # (a reload may have changed it)
+        waiting = len(pool.waiting)
+        if waiting >= MAX_WAITING:
+            waiting = pool.waiting_count()  # (only the ones still waiting count)
+        decision = next_connection(pool.open_conns, pool.connecting, waiting, pool.limit)
+        if decision == OPEN:
+            self.connect(client, ex, pool)
+        elif decision == WAIT:
+            pool.wait(client, ex)
+        else:
+            if route is not None:
+                self.forwards.upstream_refused(route.tenant, route.app, CONNECTIONS)
+            self.tell_of_worker(ex.worker, "crowded", "%s %s: worker %s: its %d connections are busy and %d requests "
+                                "wait already: refused", ex.method.decode(), ex.url.decode(errors="replace"),
+                                ex.worker, pool.limit, waiting)
+            self.relay_failed(client, ex, 503, f"worker {ex.worker} has {waiting} requests waiting already",
+                              retry_after=_CROWDED_RETRY_AFTER)
+
+    def tell_of_worker(self, worker: str | None, kind: str, message: str, *args: object) -> None:
+        """A warning about what ``worker`` did, said when it was not said for that worker and kind within the
+        last minute (``RefusalLog``), with the count of those left unsaid since."""
+        saying = self.said.note(worker or "", kind, self.clock())
+        if saying is None:
+            return
+        if saying.unsaid:
+            message += f" ({saying.unsaid} more of worker {worker} not logged since, the last: {saying.previous})"
+        log.warning(message, *args)
+
+    def _room_in(self, pool: ConnectionPool) -> None:
+        """A connection of ``pool`` closed or became a tunnel while requests wait: the first ones get new ones, as
+        far as the bound allows."""
+        if self._pools.get(pool.worker_id) is not pool:
+            return  # a pool dropped meanwhile: its waiting requests were answered with it
+        while pool.waiting and pool.open_conns + pool.connecting < pool.limit:
+            found = pool.next_waiting()
+            if found is None:
+                return
+            client, ex = found
+            self.connect(cast(ClientConn, client), ex, pool)  # (the front's listener made every client side)
 
     def connect(self, client: ClientConn, ex: Exchange, pool: ConnectionPool) -> None:
         task = asyncio.get_running_loop().create_task(pool.connect())  # (the loop's coroutine: see serving.py)
         self._connecting.add(task)
+        pool.connecting += 1
         task.add_done_callback(partial(self._connected, client, ex, pool))
 
     def _connected(self, client: ClientConn, ex: Exchange, pool: ConnectionPool,
                    task: asyncio.Task[tuple[asyncio.BaseTransport, UpstreamConn]]) -> None:
         self._connecting.discard(task)
+        pool.connecting -= 1
         if task.cancelled():
             return
         error = task.exception()
@@ -481,11 +551,13 @@ class Front:
         late = ex.phase is not PHASE_FORWARDING or client.transport is None
         if error is not None:
             if late:
+                self._room_in(pool)  # the connection it would have taken is not coming: the next may try
                 return
-            log.warning("%s %s: worker %s: cannot connect: %s", ex.method.decode(),
-                        ex.url.decode(errors="replace"), ex.worker, error)
+            self.tell_of_worker(ex.worker, "connect", "%s %s: worker %s: cannot connect: %s", ex.method.decode(),
+                                ex.url.decode(errors="replace"), ex.worker, error)
             self.worker_failed(pool.worker_id, pool.path)
             self.relay_failed(client, ex, 502, "the worker could not be reached")
+            self._room_in(pool)  # (a pool still in use: its next waiting request tries in turn)
             return
         conn = task.result()[1]
         if late:
@@ -500,11 +572,12 @@ class Front:
         conn.attach(ex, client, reused=False)
         client.send_head(ex)
 
-    def relay_failed(self, client: ClientConn, ex: Exchange, status: int, text: str, close: bool = False) -> None:
+    def relay_failed(self, client: ClientConn, ex: Exchange, status: int, text: str, close: bool = False,
+                     retry_after: int | None = None) -> None:
         """A forwarded request failed before its answer started: the front answers it, in its turn."""
         label = f"{ex.route}: " if ex.route is not None else ""
         self.settle(ex, status, EVENT_FAIL)
-        client.answer(ex, status, label + text, close=close)
+        client.answer(ex, status, label + text, retry_after=retry_after, close=close)
         client.serve_next()
 
     def settle(self, ex: Exchange, status: int, event: Event) -> None:

@@ -1,11 +1,17 @@
 """The worker side of the relay: a pool of kept-alive connections per worker, each an asyncio Protocol whose
 answers are read by the relay core (``core.answer``) and streamed to the client connection that asked.
+
+A pool holds at most its bound of connections to its worker (``core.bounds.connection_bound``, of its group's
+concurrency; tunnels aside) and keeps at most ``idle_bound`` of them idle. A request that finds none idle and the
+bound reached waits in the pool (``waiting``) for one to come free — a worker that accepts and never answers
+holds its bound's connections, not one per request; the request's own timeout still ends its wait.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections import deque
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -21,16 +27,15 @@ from elasticd.front.core.answer import (
     WRITE,
     AnswerRelay,
 )
+from elasticd.front.core.bounds import DEFAULT_CONCURRENCY, MAX_WAITING, connection_bound, idle_bound
 from elasticd.front.core.counters import WorkerCounters
-from elasticd.front.core.relay import RelayError
+from elasticd.front.core.relay import PHASE_FORWARDING, RelayError
 
 if TYPE_CHECKING:
     from elasticd.front.core.exchange import Exchange
     from elasticd.front.links import ClientSide
 
-__all__ = ["MAX_IDLE", "ConnectionPool", "Upstream", "UpstreamConn"]
-
-MAX_IDLE: Final = 1024  # kept-alive connections per worker beyond which a released one is closed
+__all__ = ["ConnectionPool", "Upstream", "UpstreamConn"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,21 +143,22 @@ class UpstreamConn(asyncio.Protocol):
         if client is None or ex is None:
             self.close()  # nobody asked: a worker speaking out of turn gets its connection closed
             return
-        client.active_at = client.clock()
+        client.active_at = now = client.clock()
         try:
-            effects = relay.receive(data)
+            effects = relay.receive(data, now)
             if effects == _ANSWERED_WHOLE:  # the common case, carried out inline: once per request
                 transport = client.transport
                 if transport is not None:
                     transport.write(relay.to_client)
                 pool = self.pool
                 pool.counters.answered += 1  # the worker's own answer: the pool's evidence of progress
+                close_after = relay.close_after  # (read first: a request waiting for this connection takes it now)
                 relay.ex = self.client = None  # release(), inlined
-                if self.paused or pool.closed or len(pool.idle) >= MAX_IDLE:
+                if pool.waiting or self.paused or pool.closed or len(pool.idle) >= pool.max_idle:
                     self.release()
                 else:
                     pool.idle.append(self)
-                client.answered(ex, relay.close_after)
+                client.answered(ex, close_after)
             elif effects:
                 self._carry_out(effects, client, ex, data)
         except RelayError as error:
@@ -172,34 +178,54 @@ class UpstreamConn(asyncio.Protocol):
             client.write(relay.to_client)
         if effects & (ANSWERED | UPGRADED):
             self.pool.counters.answered += 1
+        close_after = relay.close_after  # (read first: a request waiting for this connection takes it at release)
         if effects & CLOSE:
             self.close()
         elif effects & RELEASE:
             self.release()
         if effects & UPGRADED:
             tail, relay.tail = relay.tail, b""
+            self.pool.tunneled(self)
             client.became_tunnel(ex, self, tail)
         elif effects & ANSWERED:
-            client.answered(ex, relay.close_after)
+            client.answered(ex, close_after)
         elif effects & FAILED:
-            client.upstream_failed(ex, relay.reused, relay.received, self.pool.path, relay.why)
+            client.upstream_failed(ex, relay.reused, relay.received, self.pool.path, relay.why, relay.refused)
 
 
 _ANSWERED_WHOLE: Final = WRITE | ANSWERED | RELEASE
 
 
 class ConnectionPool:
-    """The kept-alive connections to one worker, and its forward counters."""
+    """The kept-alive connections to one worker, the requests waiting for one, and its forward counters."""
 
-    __slots__ = ("closed", "conns", "counters", "idle", "path", "worker_id")
+    __slots__ = ("closed", "connecting", "conns", "counters", "idle", "limit", "max_idle", "on_room", "path",
+                 "tunnels", "waiting", "worker_id")
 
-    def __init__(self, upstream: Upstream, counters: WorkerCounters) -> None:
+    def __init__(self, upstream: Upstream, counters: WorkerCounters, concurrency: int = DEFAULT_CONCURRENCY) -> None:
         self.worker_id = upstream.worker_id
         self.path = upstream.socket_path
         self.counters = counters
         self.idle: list[UpstreamConn] = []
         self.conns: set[UpstreamConn] = set()  # every open one, busy or idle, so closing the pool closes all
+        self.tunnels: set[UpstreamConn] = set()  # those that became a tunnel: outside the bound (one per client)
+        self.connecting = 0  # connections being opened
+        self.waiting: deque[tuple[ClientSide, Exchange]] = deque()  # requests waiting for a connection, in order
+        self.limit = self.max_idle = 0
+        self.bound(concurrency)
+        # Called when a connection closes or becomes a tunnel while requests wait: the front opens one for the first.
+        self.on_room: Callable[[ConnectionPool], None] | None = None
         self.closed = False
+
+    def bound(self, concurrency: int) -> None:
+        """The bounds for a group of ``concurrency`` (asked again as connections are opened: a reload may change it)."""
+        self.limit = connection_bound(concurrency)
+        self.max_idle = idle_bound(concurrency)
+
+    @property
+    def open_conns(self) -> int:
+        """Connections counted against the bound: open (busy, idle, or closing), tunnels aside."""
+        return len(self.conns) - len(self.tunnels)
 
     def take(self) -> UpstreamConn | None:
         idle = self.idle
@@ -223,21 +249,83 @@ class ConnectionPool:
         self.conns.add(conn)
         return True
 
+    def wait(self, client: ClientSide, ex: Exchange) -> None:
+        """``ex`` waits for a connection (the bound is reached). Those that stopped waiting (answered 504, their
+        client gone) are dropped from the front of the line as it grows, and from all of it at its bound."""
+        waiting = self.waiting
+        while waiting and not _waits(*waiting[0]):
+            waiting.popleft()
+        if len(waiting) >= MAX_WAITING:
+            self.waiting = waiting = deque(entry for entry in waiting if _waits(*entry))
+        waiting.append((client, ex))
+
+    def waiting_count(self) -> int:
+        """Requests still waiting (those that stopped are dropped first)."""
+        if self.waiting:
+            self.waiting = deque(entry for entry in self.waiting if _waits(*entry))
+        return len(self.waiting)
+
+    def next_waiting(self) -> tuple[ClientSide, Exchange] | None:
+        """The first request still waiting, taken out of the line; None when none waits."""
+        waiting = self.waiting
+        while waiting:
+            client, ex = waiting.popleft()
+            if _waits(client, ex):
+                return client, ex
+        return None
+
     def put(self, conn: UpstreamConn) -> None:
-        if self.closed or conn.closed or len(self.idle) >= MAX_IDLE:
+        """A connection free for another request: to the first one waiting, else kept idle (or closed past the
+        idle bound)."""
+        if self.closed or conn.closed:
+            conn.close()
+            return
+        found = self.next_waiting()
+        if found is not None:
+            client, ex = found
+            try:
+                ex.attach(conn)
+            except RelayError as error:  # (a waiting request is FORWARDING: not expected)
+                conn.close()
+                client.fail_closed(error)
+                return
+            conn.attach(ex, client, True)  # reused: kept alive, the worker may have closed it meanwhile
+            client.send_head(ex)
+        elif len(self.idle) >= self.max_idle:
             conn.close()
         else:
             self.idle.append(conn)
 
+    def tunneled(self, conn: UpstreamConn) -> None:
+        """``conn`` became a tunnel: it leaves the bound (a request waiting may open a connection now)."""
+        self.tunnels.add(conn)
+        self._room()
+
     def lost(self, conn: UpstreamConn) -> None:
         self.conns.discard(conn)
+        self.tunnels.discard(conn)
         if conn in self.idle:
             self.idle.remove(conn)
+        self._room()
 
-    def close(self) -> None:
-        """The worker is gone: close idle connections now, busy ones as their request fails or ends."""
+    def _room(self) -> None:
+        if self.waiting and not self.closed and self.on_room is not None:
+            self.on_room(self)
+
+    def close(self) -> list[tuple[ClientSide, Exchange]]:
+        """The worker is gone: close idle connections now, busy ones as their request fails or ends. Returns the
+        requests that were waiting for a connection (the front answers them)."""
         self.closed = True
         self.idle.clear()
         for conn in list(self.conns):
             if conn.ex is None:
                 conn.close()
+        waiting = [entry for entry in self.waiting if _waits(*entry)]
+        self.waiting.clear()
+        return waiting
+
+
+def _waits(client: ClientSide, ex: Exchange) -> bool:
+    """A request in a pool's line still waits: forwarded, with no connection, and its client still there (one
+    answered meanwhile, a 504 after its timeout, or whose client left, is done)."""
+    return ex.phase is PHASE_FORWARDING and ex.conn is None and client.transport is not None

@@ -24,7 +24,7 @@ module do is bounded (``pool/pacing.py`` holds the numbers and the decisions):
 
 Each refusal is counted in ``elasticd_channel_refused_total{tenant,app,reason}`` (the app is the authenticated
 worker's; empty before an announce is accepted, never a name a peer chose) and logged once per peer per change of
-reason (``pool/refusal_log.py``), never once per message.
+reason (``elasticd/refusal_log.py``), never once per message.
 
 elasticd also asks a worker things (``request``): for a live move, ``snapshot`` a user's package, ``install``
 one, ``forget`` a user; for the population, ``monitor`` (its register of users). Each request carries an id,
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -49,8 +48,8 @@ from typing import Any, Final
 
 from elasticd.frames import MAX_LINE, MAX_PAYLOAD, FrameError, encode, payload_size
 from elasticd.pool.pacing import ANNOUNCE_DEADLINE, REPLY_BUFFER_BOUND, ConnectionBudget, Pacing, Unannounced
-from elasticd.pool.refusal_log import RefusalLog
 from elasticd.pool.report import Report, ReportError, parse_report
+from elasticd.refusal_log import RefusalLog
 from elasticd.worker_ids import parse_worker_id
 
 __all__ = ["MAX_LINE", "REASONS", "ChannelError", "ChannelServer", "peer_credentials"]
@@ -61,7 +60,8 @@ _ANSWERS = frozenset({"package", "installed", "refused", "register"})
 
 # Every reason a refusal is counted under (the metric's label values: a fixed set, never a peer's words).
 REASONS: Final = (
-    "too-many-connections",  # past the tenant socket's rate of new connections
+    "too-many-connections",  # past the tenant socket's rate of new connections: accepting paused (once a pause)
+    "accept-failed",  # accept() itself failed (out of descriptors): accepting paused a moment
     "too-many-unannounced",  # past the bound of connections that have not announced (per uid, in all)
     "announce-timeout",  # no announce within ANNOUNCE_DEADLINE
     "announce-refused",  # the announce failed authentication (or was no announce)
@@ -122,12 +122,17 @@ class _Pending:
 
 
 class _Listener:
-    __slots__ = ("inode", "path", "server")
+    """One tenant's listening socket, accepted from at a bounded rate (``ConnectionBudget``)."""
 
-    def __init__(self, path: str, server: asyncio.base_events.Server, inode: int) -> None:
+    __slots__ = ("budget", "inode", "path", "resume", "sock", "tenant")
+
+    def __init__(self, tenant: str, path: str, sock: socket.socket, inode: int, budget: ConnectionBudget) -> None:
+        self.tenant = tenant
         self.path = path
-        self.server = server
+        self.sock = sock
         self.inode = inode  # the socket file this listener bound (to see it replaced or removed)
+        self.budget = budget
+        self.resume: asyncio.TimerHandle | None = None  # set while accepting is paused
 
 
 class ChannelServer:
@@ -216,12 +221,16 @@ class ChannelServer:
         """Nothing listens before ``serve`` names the tenants; kept for the daemon's start order."""
 
     async def stop(self) -> None:
+        # Listeners first (nothing new comes), then every connection, then the tasks that served them (one may be
+        # pacing a flood, asleep: cancelled, and waited for, so none is left for the loop's end to cancel).
         for tenant in list(self._listeners):
             await self._close_listener(tenant)
         for peer in list(self._peers):
             peer.writer.transport.abort()
         serving = [task for task in self._serving if not task.done()]
-        if serving:  # each ends as its connection is gone (not cancelled: it has nothing left to wait for)
+        for task in serving:
+            task.cancel()
+        if serving:
             await asyncio.wait(serving, timeout=1.0)
 
     async def request(self, worker_id: str, message: dict[str, Any], timeout: float,
@@ -281,34 +290,82 @@ class ChannelServer:
             os.chmod(staged, 0o666)  # the directory it goes into is the guard: only the tenant's user enters it
             os.rename(staged, path)
             inode = os.lstat(path).st_ino
-            server = await asyncio.start_unix_server(functools.partial(self._serve, tenant), sock=sock,
-                                                     limit=MAX_LINE)
+            sock.setblocking(False)
+            sock.listen(_BACKLOG)
+            budget = self._accepts.get(tenant)
+            if budget is None:  # (kept across a re-listen: removing the socket file refills nothing)
+                budget = self._accepts[tenant] = ConnectionBudget(self._clock())
+            listener = _Listener(tenant, path, sock, inode, budget)
+            asyncio.get_running_loop().add_reader(sock.fileno(), self._acceptable, listener)
         except BaseException:
             sock.close()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(staged)
             raise
-        return _Listener(path, server, inode)
+        return listener
+
+    def _acceptable(self, listener: _Listener) -> None:
+        """The listening socket has connections waiting: accept them while the tenant's budget allows, then stop
+        watching it until the next is due. The ones over it wait in the kernel's backlog, and when that is full a
+        connect() fails in the sender: a tenant reconnecting in a loop costs elasticd no accept, no descriptor,
+        no task (a budget that closed each connection at once still cost an accept and a close: the hostile
+        worker made thousands a second, and the neighbour lost half its throughput)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            wait = listener.budget.accept(self._clock())
+            if wait > 0.0:
+                loop.remove_reader(listener.sock.fileno())
+                listener.resume = loop.call_later(wait, self._resume, listener)
+                self._refuse_unannounced(listener.tenant, "too-many-connections",
+                                         f"tenant {listener.tenant}'s channel takes new connections at a bounded "
+                                         "rate: the next ones wait in the kernel's backlog")
+                return
+            try:
+                conn, _ = listener.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                listener.budget.unused()
+                return
+            except OSError as exc:  # out of descriptors (EMFILE, ENFILE) or memory: try again in a moment
+                loop.remove_reader(listener.sock.fileno())
+                listener.resume = loop.call_later(_ACCEPT_RETRY, self._resume, listener)
+                self._refuse_unannounced(listener.tenant, "accept-failed", f"accept() failed: {exc}")
+                return
+            conn.setblocking(False)
+            task = loop.create_task(self._accepted(listener.tenant, conn))
+            self._serving.add(task)
+            task.add_done_callback(self._serving.discard)
+
+    def _resume(self, listener: _Listener) -> None:
+        listener.resume = None
+        if self._listeners.get(listener.tenant) is listener:
+            asyncio.get_running_loop().add_reader(listener.sock.fileno(), self._acceptable, listener)
+
+    async def _accepted(self, tenant: str, conn: socket.socket) -> None:
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock=conn, limit=MAX_LINE)
+        except OSError:
+            conn.close()
+            return
+        await self._serve(tenant, reader, writer)
 
     async def _close_listener(self, tenant: str) -> None:
         listener = self._listeners.pop(tenant)
-        listener.server.close()
+        if listener.resume is not None:
+            listener.resume.cancel()
+        else:
+            asyncio.get_running_loop().remove_reader(listener.sock.fileno())
+        listener.sock.close()
         # Only our own socket file: the directory is the tenant's, and the name may hold something else by now.
         if _inode(listener.path) == listener.inode:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(listener.path)
-        # (Not wait_closed: from Python 3.12 it waits for every connection accepted, and the tenant's draining
-        # workers keep theirs until they go.)
+        # (The connections it accepted stay: the tenant's draining workers keep theirs until they go.)
 
     # ------------------------------------------------------------------ one connection
 
     async def _serve(self, tenant: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = _Peer(tenant, writer)
         self._peers.add(peer)
-        task = asyncio.current_task()
-        if task is not None:
-            self._serving.add(task)
-            task.add_done_callback(self._serving.discard)
         try:
             if await self._admit(peer, reader):
                 await self._read_messages(peer, reader)
@@ -332,17 +389,10 @@ class ChannelServer:
 
     async def _admit(self, peer: _Peer, reader: asyncio.StreamReader) -> bool:
         """The bounds before an announce, then the announce: True once the peer is a worker, accepted."""
-        now = self._clock()
         credentials = peer_credentials(peer.writer)
         if credentials is None:
             raise _Closing("announce-refused", "the peer's credentials cannot be read")
         pid, peer.uid = credentials
-        budget = self._accepts.get(peer.tenant)
-        if budget is None:
-            budget = self._accepts[peer.tenant] = ConnectionBudget(now)
-        if not budget.accept(now):
-            raise _Closing("too-many-connections", f"tenant {peer.tenant}'s channel takes new connections at a "
-                                                   "bounded rate, and this one came over it")
         crowded = self._unannounced.enter(peer.tenant, peer.uid)
         if crowded is not None:
             raise _Closing("too-many-unannounced", crowded)
@@ -462,14 +512,21 @@ class ChannelServer:
 
     def _refuse(self, peer: _Peer, reason: str, detail: str) -> None:
         """Count a refusal, and say it when ``RefusalLog`` says it is worth a line."""
-        key = (peer.tenant, peer.app, reason)
+        self._count(peer.tenant, peer.app, peer.log_key, peer.name, reason, detail)
+
+    def _refuse_unannounced(self, tenant: str, reason: str, detail: str) -> None:
+        """A refusal of whoever connects to ``tenant``'s socket, before any connection is accepted."""
+        self._count(tenant, "", f"{tenant} socket", f"connections to tenant {tenant}'s channel", reason, detail)
+
+    def _count(self, tenant: str, app: str, log_key: str, name: str, reason: str, detail: str) -> None:
+        key = (tenant, app, reason)
         self._refused[key] = self._refused.get(key, 0) + 1
-        saying = self._log.note(peer.log_key, reason, self._clock())
+        saying = self._log.note(log_key, reason, self._clock())
         if saying is None:
             return
         unsaid = f" ({saying.unsaid} refusals not logged since, the last for {saying.previous})" \
             if saying.unsaid else ""
-        log.warning("channel: refused %s (%s): %s%s", peer.name, reason, detail, unsaid)
+        log.warning("channel: refused %s (%s): %s%s", name, reason, detail, unsaid)
 
     def _reply(self, peer: _Peer, message: dict[str, Any]) -> None:
         """Queue a message elasticd sends on its own; a peer that let too many of them pile up is closed."""
@@ -512,6 +569,9 @@ class _Peer:
     def log_key(self) -> str:
         return self.worker_id if self.worker_id is not None else f"{self.tenant} uid {self.uid}"
 
+
+_BACKLOG = 64  # connections the kernel holds for a tenant's socket while its accepts are paused
+_ACCEPT_RETRY = 0.1  # seconds before accepting again after accept() itself failed
 
 _UNUSABLE = {"not-json": "not JSON", "not-object": "a message must be a JSON object"}
 

@@ -34,16 +34,17 @@ STRIKE_BURST: Final = 10
 ANNOUNCE_BURST: Final = 5
 # A connection must announce itself within this; the library does at once (its own announce timeout is 1 s).
 ANNOUNCE_DEADLINE: Final = 2.0
+# New connections to one tenant's channel socket: a tenant's workers all reconnect after a restart of elasticd
+# (32 at once), and then one each now and then. Past it accepting pauses: the next wait in the kernel's backlog.
+ACCEPT_BURST: Final = 32
+ACCEPT_RATE: Final = 8.0
 # Connections that have not announced yet, held open at once: per tenant socket and peer uid, and in all. Per socket
 # too, not per uid alone: every tenant without a `user:` connects as root, and one of them holding root's allowance
 # would have shut the others out (found by the hostile tenants' test). A tenant can hold at most its own
-# allowance, so the total is reached only by 64 tenants attacking at once.
-MAX_UNANNOUNCED_PER_UID: Final = 16
+# allowance (a whole accept burst may wait for its announces at once: the tasks that read them run after the
+# accepts), so the total is reached only by 32 tenants attacking at once.
+MAX_UNANNOUNCED_PER_UID: Final = ACCEPT_BURST
 MAX_UNANNOUNCED: Final = 1024
-# New connections to one tenant's channel socket: a tenant's workers all reconnect after a restart of elasticd
-# (32 at once), and then one each now and then. Past it a connection is closed unread.
-ACCEPT_BURST: Final = 32
-ACCEPT_RATE: Final = 8.0
 # What elasticd may have queued for a peer that it sent on its own (ok, error replies) before the peer is taken
 # for one that does not read: an honest one reads them as they come, so a few lines are ever queued.
 REPLY_BUFFER_BOUND: Final = 64 << 10
@@ -89,15 +90,21 @@ class Pacing:
 
 
 class ConnectionBudget:
-    """New connections to one tenant's socket (a token bucket): past it, closed before a byte is read."""
+    """New connections to one tenant's socket (a token bucket): past it, accepting pauses (they wait unaccepted)."""
 
     __slots__ = ("_bucket",)
 
     def __init__(self, now: float) -> None:
         self._bucket = TokenBucket(ACCEPT_RATE, ACCEPT_BURST, now)
 
-    def accept(self, now: float) -> bool:
-        return self._bucket.take(now) == 0.0
+    def accept(self, now: float) -> float:
+        """0.0: accept one now; else the seconds until the next may be accepted."""
+        return self._bucket.take(now)
+
+    def unused(self) -> None:
+        """The connection a token was taken for was not there after all (the accept found none): give it back."""
+        bucket = self._bucket
+        bucket.tokens = min(bucket.cap, bucket.tokens + 1.0)
 
 
 class Unannounced:

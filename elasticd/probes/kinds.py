@@ -47,8 +47,9 @@ class PrometheusProbe(Probe):
 
 class RegistryProbe(Probe):
     """Another elasticd's ``GET /v1/registry``: refused (and the reading forgotten) when unreachable, badly
-    signed, malformed, from the future, stale or replayed (``registry_check``, in that order); accepted, the
-    node's reading is its app's load, believed until the snapshot's own ttl runs out."""
+    signed, too big (its bytes or JSON values, before parsing; its apps, groups or workers after), malformed, from
+    the future, stale or replayed (``registry_check``, in that order); accepted, the node's reading is its app's
+    load, believed until the snapshot's own ttl runs out. Its read is every probe's (``Probe.fetch``)."""
 
     source: ClassVar[str | None] = "registry"
 

@@ -183,9 +183,9 @@ class Probe:
 
     async def fetch(self, url: str, headers: Mapping[str, str] | None = None) -> tuple[int, bytes, Mapping[str, str]]:
         """GET ``url`` (on the worker's own socket when the target has one: the URL's host is then only the Host
-        header), with the probe's timeouts: connect 2 s, then the whole answer in 3 s, and at most ``MAX_BODY``
-        bytes, never decompressed (a source that trickles or floods is refused, not waited for: it is a tenant's
-        process, and the daemon serves every tenant)."""
+        header), with the probe's timeouts: connect 2 s, then the whole answer within 3 s more (5 s in all, however
+        its bytes trickle), and at most ``MAX_BODY`` bytes, never decompressed (a source that trickles or floods is
+        refused, not waited for: it is a tenant's process, and the daemon serves every tenant)."""
         if self.is_stopped:
             raise _Stopped  # (a custom poll that awaited something first: no session opened after stop)
         if self._session is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import pwd
 import re
 import shutil
 import socket
@@ -48,6 +49,32 @@ def say(message: str) -> None:
 def run(argv: list[str], timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+
+
+def ensure_user(name: str) -> tuple[pwd.struct_passwd, bool]:
+    """The system user ``name``, created when absent: (its entry, whether it was created here)."""
+    try:
+        return pwd.getpwnam(name), False
+    except KeyError:
+        pass
+    made = run(["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", name])
+    check(made.returncode == 0, f"useradd {name} exited {made.returncode}: {made.stderr.strip()}")
+    return pwd.getpwnam(name), True
+
+
+def remove_users(names: list[str]) -> dict[str, str]:
+    """Best effort: userdel each (its user group goes with it); what each said."""
+    said = {}
+    for name in names:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            said[name] = "absent"
+            continue
+        result = run(["userdel", name])
+        said[name] = "removed" if result.returncode == 0 else f"userdel exited {result.returncode}: " \
+                                                              f"{result.stderr.strip()}"
+    return said
 
 
 def systemctl(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:

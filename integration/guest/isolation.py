@@ -43,6 +43,7 @@ from common import (
     Failed,
     check,
     elasticctl,
+    ensure_user,
     front,
     is_active,
     journal_cursor,
@@ -50,7 +51,7 @@ from common import (
     main_pid,
     procs,
     read,
-    run,
+    remove_users,
     say,
     start_with,
     status,
@@ -109,34 +110,8 @@ tenants:
 """
 
 
-def _ensure_user(name: str) -> tuple[pwd.struct_passwd, bool]:
-    """The system user ``name``, created when absent: (its entry, whether it was created here)."""
-    try:
-        return pwd.getpwnam(name), False
-    except KeyError:
-        pass
-    made = run(["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", name])
-    check(made.returncode == 0, f"useradd {name} exited {made.returncode}: {made.stderr.strip()}")
-    return pwd.getpwnam(name), True
-
-
-def _remove_users() -> dict[str, str]:
-    """Best effort: userdel each (its user group goes with it); what each said."""
-    said = {}
-    for name in USERS.values():
-        try:
-            pwd.getpwnam(name)
-        except KeyError:
-            said[name] = "absent"
-            continue
-        result = run(["userdel", name])
-        said[name] = "removed" if result.returncode == 0 else f"userdel exited {result.returncode}: " \
-                                                              f"{result.stderr.strip()}"
-    return said
-
-
 def _prepare() -> dict[str, Any]:
-    users = {tenant: _ensure_user(name) for tenant, name in USERS.items()}
+    users = {tenant: ensure_user(name) for tenant, name in USERS.items()}
     for top in (EVIL_ROOT.parent, GOOD_ROOT.parent):
         top.mkdir(exist_ok=True)
         os.chown(top, 0, 0)
@@ -185,7 +160,7 @@ def s_isolation() -> tuple[str, dict[str, Any]]:
         # suite's file for whoever starts it next, then remove the users.
         systemctl("stop", UNIT)
         write_config(suite_config())
-        removed = _remove_users()
+        removed = remove_users(list(USERS.values()))
         say(f"    users: {removed}")
 
 

@@ -17,7 +17,9 @@ This is the one entry point; the scenarios live beside it, one module per subjec
 - ``pool_kernel.py``: 13 (the pool meets the kernel: a tenant at its cpu.max holds scale-ups, a CPU-bound
   handler is busy, not hung, and raising the limit lets the pool grow);
 - ``isolation.py``: 14, issue #11 (tenants as Unix users: a hostile tenant's worker, hostile_app.py, is denied
-  every attempt to break out by the kernel; elasticd and the other tenant go on as before).
+  every attempt to break out by the kernel; elasticd and the other tenant go on as before);
+- ``hostile_tenant.py``: 19, issue #27 (a hostile tenant floods its channel and its output; tests/apps/
+  hostile_worker.py, which run.py copies beside this file).
 
 Plain python3 and the standard library only: this judges elasticd from the outside, the way an operator
 would, through systemctl, the journal, the front (HTTP with Host headers), the admin socket, elasticctl,
@@ -58,6 +60,7 @@ from enforcement import (  # noqa: E402
     s_stop_start,
     s_verify,
 )
+from hostile_tenant import s_hostile  # noqa: E402
 from isolation import s_isolation  # noqa: E402
 from live_move import s_move  # noqa: E402
 from pool_kernel import s_pool_limits  # noqa: E402
@@ -94,6 +97,8 @@ SCENARIOS: list[tuple[str, str, Scenario]] = [
      "the other worker, none to it, until its reading has room again; the signed /v1/registry verifies", s_capacity),
     ("18-agent", "HAProxy's agent-check is answered for an app and for the host; systemctl stop answers drain for "
      "stop_drain first while the front still serves, then stops cleanly", s_agent),
+    ("19-hostile", "a hostile tenant (its own user:) floods its channel and its output: refused and counted, its "
+     "output in the journal under its own identifier, elasticd's own lines few, the neighbour served", s_hostile),
 ]
 
 

@@ -12,7 +12,9 @@
 - ``routing``: Host → app;
 - ``quota``: per-tenant concurrency gates and token buckets;
 - ``sticky``: the surface (user → worker), the cookie, placement on the routable workers;
-- ``counters``: forward counters per worker and per route, and the open-requests dict.
+- ``counters``: forward counters per worker and per route, and the open-requests dict;
+- ``bounds``: what a worker may feed the front (its answer's head, interim heads, chunked framing) and how many
+  connections the front keeps to it, with the decision at the bound.
 
 The asyncio shell (``front/server.py``, ``client.py``, ``upstream.py``) imports these; they never import it.
 """

@@ -9,6 +9,11 @@ parser (httptools) calls this object back; what it finds is turned into the clie
 ``http1.ResponseReader`` and the exchange's phase moves through its table (``Exchange.answer_head``).
 Everything for the client during one read is joined into one write: a small answer is one send() on each
 side.
+
+What a worker sends is bounded (``bounds``): its head in bytes and lines, however it is split across reads (a
+head trickled a byte at a time too: ``Exchange.head_began`` starts its clock), its interim heads, and the bytes
+of a chunked body that carry no body. Past a bound the request fails with ``refused`` set to the reason: the
+client gets 502 (or, once the answer has begun, a cut connection) and this connection is closed.
 """
 
 from __future__ import annotations
@@ -17,6 +22,16 @@ from typing import Final
 
 import httptools
 
+from elasticd.front.core.bounds import (
+    FRAMING,
+    HEAD_SIZE,
+    INTERIM,
+    MALFORMED,
+    MAX_FRAMING_BYTES,
+    MAX_HEAD_BYTES,
+    MAX_INTERIM,
+    AnswerRefused,
+)
 from elasticd.front.core.exchange import Exchange
 from elasticd.front.core.http1 import CHUNK, NONE, ResponseHead, ResponseReader, chunk, is_http11
 from elasticd.front.core.relay import RelayError
@@ -29,7 +44,7 @@ ANSWERED: Final = 2  # the answer is complete: settle the exchange (``close_afte
 RELEASE: Final = 4  # the worker connection may carry another request: back to its pool
 CLOSE: Final = 8  # close the worker connection
 UPGRADED: Final = 16  # 101 went to the client: from here both connections are a tunnel (``tail``: what followed)
-FAILED: Final = 32  # the connection failed the request before its answer ended (``why``)
+FAILED: Final = 32  # the connection failed the request before its answer ended (``why``; ``refused``: a bound's)
 TUNNEL: Final = 64  # tunnelled bytes: relay the input as it is to the client
 TUNNEL_CLOSED: Final = 128  # the worker closed the tunnel
 
@@ -41,8 +56,9 @@ class _OutOfTurn(Exception):
 class AnswerRelay:
     """One worker connection's answers, one request at a time."""
 
-    __slots__ = ("close_after", "done", "ex", "interim", "on_header", "out", "parser", "reader", "reason",
-                 "received", "response", "reused", "stale_parser", "tail", "to_client", "tunnel", "whole", "why")
+    __slots__ = ("close_after", "done", "ex", "fed_body", "framing_bytes", "head_bytes", "interim", "interims",
+                 "on_header", "out", "parser", "reader", "reason", "received", "refused", "response", "reused",
+                 "stale_parser", "tail", "to_client", "tunnel", "whole", "why")
 
     def __init__(self) -> None:
         self.reader = ResponseReader()
@@ -64,6 +80,11 @@ class AnswerRelay:
         self.close_after: bool | None = None
         self.tail = b""
         self.why = ""
+        self.refused = ""  # with FAILED: the bound the answer passed (a ``bounds`` reason), "" for a transport failure
+        self.head_bytes = 0  # bytes read while the head was still to come whole (interim heads included)
+        self.interims = 0  # interim (1xx) heads of this answer
+        self.framing_bytes = 0  # bytes read since the last that carried a body byte (chunk-size lines, the trailer)
+        self.fed_body = False  # the read being parsed carried a body byte
 
     def start(self, ex: Exchange, reused: bool) -> None:
         """Carry ``ex`` (which took this connection already: ``Exchange.forward`` or ``.attach``)."""
@@ -72,11 +93,13 @@ class AnswerRelay:
             self.stale_parser = False
         # The reader is ready: its finish() readied it (a head cut short fails its request, and that connection
         # closes, so none carries another request with a reader half full).
-        self.reader.between = False  # headers again, not the last answer's trailer
+        self.reader.expect_head()  # headers again, not the last answer's trailer
         self.reason = None
         self.response = None
         self.close_after = None
         self.interim = self.done = self.received = False
+        self.refused = ""
+        self.head_bytes = self.interims = self.framing_bytes = 0
         self.out = []
         self.ex = ex
         self.reused = reused
@@ -95,11 +118,14 @@ class AnswerRelay:
 
     # ------------------------------------------------------------------ inputs
 
-    def receive(self, data: bytes) -> int:
-        """Bytes from the worker. RelayError (a step the table refuses) propagates: the shell fails closed."""
+    def receive(self, data: bytes, now: float = 0.0) -> int:
+        """Bytes from the worker, at ``now`` (the head's clock starts at its first byte). RelayError (a step the
+        table refuses) propagates: the shell fails closed."""
         if self.tunnel:
             return TUNNEL
         self.received = True
+        in_head = self.response is None
+        self.fed_body = False
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
@@ -114,8 +140,26 @@ class AnswerRelay:
                 # The answer was whole: the client goes on as its head said; what followed closes the connection.
                 del self.out[self.whole:]  # the next answer's header lines, if the reader shares ``out``
                 return self._gathered(ANSWERED | CLOSE)
-            self.why = f"sent a malformed answer ({exc})"
-            return self._gathered(FAILED | CLOSE)
+            if isinstance(cause, AnswerRefused):
+                return self._refuse(cause.reason, cause.why)
+            return self._refuse(MALFORMED, f"sent a malformed answer ({exc})")
+        if self.response is None:
+            # The head is still to come whole: what the parser holds of it (a line it has not finished, the reason
+            # phrase) grows with every read, so the reads are counted, and its clock started.
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD_BYTES:
+                return self._refuse(HEAD_SIZE, f"sent an answer head over {MAX_HEAD_BYTES} bytes")
+            ex = self.ex
+            if ex is not None and ex.head_began == 0.0:
+                ex.head_began = now
+        elif self.fed_body:
+            self.framing_bytes = 0
+        elif not in_head and not self.done:
+            # A read after the head that carried no body: a chunk-size line (extensions and all) or the trailer.
+            self.framing_bytes += len(data)
+            if self.framing_bytes > MAX_FRAMING_BYTES:
+                return self._refuse(FRAMING, f"sent more than {MAX_FRAMING_BYTES} bytes of chunked framing with "
+                                             "no body (a chunk-size line or the trailer)")
         effects = 0
         if self.done:
             # Complete: back to the pool when the worker keeps it alive and the request went whole; else it closes.
@@ -129,6 +173,12 @@ class AnswerRelay:
             self.out = []
             effects |= WRITE
         return effects
+
+    def _refuse(self, reason: str, why: str) -> int:
+        """The answer passed a bound (or is no HTTP): the request fails, and this connection closes."""
+        self.refused = reason
+        self.why = why
+        return self._gathered(FAILED | CLOSE)
 
     def lost(self, exc: Exception | None) -> int:
         """The worker's connection closed (``exc``: why, None for a plain close)."""
@@ -162,6 +212,9 @@ class AnswerRelay:
         upstream11 = (tokens is None and parser.should_keep_alive()) or is_http11(parser, tokens)  # common case first
         if 100 <= status < 200 and status != 101:
             # An interim answer (103 Early Hints...): passed on to an HTTP/1.1 client; the final one follows.
+            self.interims += 1
+            if self.interims > MAX_INTERIM:
+                raise AnswerRefused(INTERIM, f"sent more than {MAX_INTERIM} interim (1xx) answers")
             self.interim = True
             interim = self.reader.finish(status, self.reason, upstream11, False, True, True)
             if ex.http11:
@@ -191,6 +244,7 @@ class AnswerRelay:
         response = self.response
         if response is None or self.done:
             return
+        self.fed_body = True
         if response.framing == CHUNK:
             self.out.extend(chunk(body))
         else:
@@ -199,8 +253,11 @@ class AnswerRelay:
     def on_message_complete(self) -> None:
         if self.interim:
             self.interim = False  # the reader was readied for the final head by its finish()
-            self.reader.between = False  # the final answer's headers follow
+            self.reader.expect_head()  # the final answer's headers follow
             self.reason = None
+            ex = self.ex
+            if ex is not None:
+                ex.head_began = 0.0  # the next head's clock starts at its own first byte (MAX_INTERIM bounds how often)
             return
         if self.done:
             return

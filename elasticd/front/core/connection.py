@@ -443,6 +443,16 @@ class ClientRelay:
         queue = self.queue
         return request + HELD_MARGIN if queue and queue[0].phase is PHASE_HELD else request
 
+    def head_overdue(self, now: float, request: float) -> bool:
+        """The worker's answer head began more than ``request`` seconds ago and is still not whole: a worker that
+        trickles its head moves bytes, so ``idle_limit`` alone would never end it (``timeout`` answers 504)."""
+        queue = self.queue
+        if not queue:
+            return False
+        ex = queue[0]
+        began = ex.head_began
+        return began > 0.0 and ex.phase is PHASE_FORWARDING and now - began > request
+
     def timeout(self) -> tuple[Timeout, Exchange | None, Link | None]:
         """No byte moved for ``idle_limit``: CLOSE (idle, or a head that never completed), GATEWAY_TIMEOUT (the
         shell answers 504 and closes) or CUT (the shell settles and cuts); with the worker connection to close."""

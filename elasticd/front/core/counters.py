@@ -6,8 +6,9 @@
   forgotten with it — credited by the exchange, which alone knows whether the answer was the worker's;
 - the open requests: a dict id → the request (``.user``, ``.worker``, ``.ts``), not a counter — a drifted
   counter never heals, a stale entry is visible and swept by its timestamp; the pool quiesces a user on it;
-- per (tenant, app), answers by status code and a latency histogram, and per tenant the quota refusals:
-  what ``request_metrics.FrontCollector`` exposes.
+- per (tenant, app), answers by status code and a latency histogram, per tenant the quota refusals, and per
+  (tenant, app) what the front refused of its workers' answers, by reason (``bounds``): what
+  ``request_metrics.FrontCollector`` exposes.
 
 Everything here is read by other threads only through copies (the metrics page renders in a thread).
 """
@@ -92,7 +93,7 @@ class RouteStats:
 
 
 class ForwardCounters:
-    __slots__ = ("_next_id", "open", "rejections", "routes", "routing", "workers")
+    __slots__ = ("_next_id", "open", "rejections", "routes", "routing", "upstream_refusals", "workers")
 
     def __init__(self) -> None:
         self.workers: dict[str, WorkerCounters] = {}
@@ -102,6 +103,9 @@ class ForwardCounters:
         # (tenant, app, group, reason) → count: each new user's group and why, and each request of a user kept
         # on a group new users no longer go to (groups.py's reasons)
         self.routing: dict[tuple[str, str, str, str], int] = {}
+        # (tenant, app, reason) → count: answers of its workers refused past a bound, and requests refused because
+        # too many waited for a worker's connections (``bounds``' reasons)
+        self.upstream_refusals: dict[tuple[str, str, str], int] = {}
         self._next_id = 0
 
     # ------------------------------------------------------------------ the forward path
@@ -156,6 +160,11 @@ class ForwardCounters:
         key = (tenant, reason)
         self.rejections[key] = self.rejections.get(key, 0) + 1
 
+    def upstream_refused(self, tenant: str, app: str, reason: str) -> None:
+        """A worker of (tenant, app) passed one of the front's bounds (``reason``: ``bounds``' constants)."""
+        key = (tenant, app, reason)
+        self.upstream_refusals[key] = self.upstream_refusals.get(key, 0) + 1
+
     # ------------------------------------------------------------------ housekeeping and reading
 
     def sweep(self, horizon: float) -> list[OpenRequest]:
@@ -199,6 +208,8 @@ class ForwardCounters:
             del self.routes[key]
         for routing in [k for k in self.routing if (k[0], k[1]) not in keys]:
             del self.routing[routing]
+        for refusal in [k for k in self.upstream_refusals if (k[0], k[1]) not in keys]:
+            del self.upstream_refusals[refusal]
 
     def retain_tenants(self, tenants: set[str]) -> None:
         for key in [k for k in self.rejections if k[0] not in tenants]:

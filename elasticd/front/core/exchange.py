@@ -59,8 +59,8 @@ class Exchange:
     """One request and its answer. Also the open-requests entry (``user``, ``worker``, ``ts``)."""
 
     __slots__ = ("backoff", "body", "body_done", "conn", "cookie_line", "counters", "entry", "error", "group", "head",
-                 "http11", "login", "method", "phase", "quota", "retried", "rid", "route", "sent", "stats", "status",
-                 "ts", "url", "user", "worker")
+                 "head_began", "http11", "login", "method", "phase", "quota", "retried", "rid", "route", "sent",
+                 "stats", "status", "ts", "url", "user", "worker")
 
     def __init__(self) -> None:
         self.phase: Phase = PHASE_QUEUED
@@ -86,6 +86,10 @@ class Exchange:
         self.login: bytes | None = None
         self.backoff: bytes | None = None  # a 429's Retry-After value (b"" when it had none), else None
         self.retried = False
+        # When the first byte of the worker's answer head came (0.0: none yet; after an interim head, the read that
+        # completed it): the head must be whole within the request timeout of it, however its bytes trickle
+        # (ClientRelay.head_overdue).
+        self.head_began = 0.0
         self.rid = 0  # the open-requests id while FORWARDING or ANSWERING, else 0
         self.ts = 0.0
 

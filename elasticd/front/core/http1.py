@@ -21,6 +21,8 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import Any, Final
 
+from elasticd.front.core.bounds import FRAMING, HEAD_FIELDS, HEAD_SIZE, MAX_HEAD_BYTES, MAX_HEAD_FIELDS, AnswerRefused
+
 __all__ = ["CHUNK", "EOF", "LENGTH", "NONE", "RequestHead", "RequestReader", "ResponseHead", "ResponseReader",
            "chunk", "head_refusal", "is_http11", "oversize_status", "plain", "read_request", "read_response",
            "status_line", "upstream_head"]
@@ -149,7 +151,11 @@ class RequestReader:
             head.cookie = value if head.cookie is None else head.cookie + b"; " + value
             head.lines.extend((name, b": ", value, b"\r\n"))
         elif kind == _CONN:
-            self.tokens = _tokens(value) if self.tokens is None else self.tokens + _tokens(value)
+            tokens = self.tokens
+            if tokens is None:
+                self.tokens = _tokens(value)
+            else:  # (extended in place: a head of many Connection lines is linear, not quadratic)
+                tokens.extend(_tokens(value))
         elif kind == _XFF:
             head.forwarded_for = value if head.forwarded_for is None else head.forwarded_for + b", " + value
         elif kind == _XFP:
@@ -331,23 +337,29 @@ class ResponseHead:
 
 _REASONS: Final = {s.value: s.phrase.encode() for s in HTTPStatus}
 _STATUS_LINES: Final[dict[tuple[int, bytes | None], bytes]] = {}
+_CACHED_REASON: Final = 64  # bytes: a longer reason phrase is no standard one, and is not kept for the process's life
 
 
 def status_line(status: int, reason: bytes | None) -> bytes:
     line = _STATUS_LINES.get((status, reason))
     if line is None:
         line = b"HTTP/1.1 %d %s\r\n" % (status, reason or _REASONS.get(status, b"Unknown"))
-        if len(_STATUS_LINES) < 512:  # workers' reason phrases are few; an odd one is just formatted again
+        # Workers' reason phrases are few; an odd one (or a long one: a worker's to choose) is formatted again.
+        if len(_STATUS_LINES) < 512 and (reason is None or len(reason) <= _CACHED_REASON):
             _STATUS_LINES[(status, reason)] = line
     return line
 
 
 class ResponseReader:
     """Reads response heads one header at a time (``header`` is the parser's ``on_header``); ``finish``
-    decides the client's head and the framing. No I/O."""
+    decides the client's head and the framing. No I/O.
 
-    __slots__ = ("between", "chunked", "last_line", "last_reason", "last_status", "length", "lines", "login",
-                 "retry_after", "tokens", "upgrade")
+    A worker's head, and the trailer of its chunked body, are bounded (``bounds``): past ``MAX_HEAD_FIELDS`` lines
+    or ``MAX_HEAD_BYTES`` of them, ``header`` raises ``AnswerRefused`` (inside the parser, which stops there).
+    What the parser buffers before it calls ``header`` (one line, the reason phrase) is the relay's to bound."""
+
+    __slots__ = ("between", "chunked", "count", "last_line", "last_reason", "last_status", "length", "lines",
+                 "login", "retry_after", "size", "tokens", "upgrade")
 
     def __init__(self) -> None:
         # The last status line made: a worker answers the same status most of the time, and comparing two
@@ -359,6 +371,8 @@ class ResponseReader:
 
     def start(self) -> None:
         self.between = False  # after finish(), until the caller clears it: trailer fields are dropped (as requests')
+        self.count = 0  # header lines read, of the head (or, after finish(), of the trailer)
+        self.size = 0  # their bytes (name, value, ": " and CRLF)
         self.lines: list[bytes] = [b""]  # [0]: the status line, known at the end of the head
         self.tokens: list[bytes] | None = None
         self.length: bytes | None = None
@@ -367,7 +381,16 @@ class ResponseReader:
         self.upgrade: bytes | None = None
         self.retry_after: bytes | None = None  # (read by the answer relay before finish(), for a 429)
 
+    def expect_head(self) -> None:
+        """Headers again, not the last answer's trailer: its lines are counted from none."""
+        self.between = False
+        self.count = self.size = 0
+
     def header(self, name: bytes, value: bytes) -> None:
+        self.count += 1
+        self.size += len(name) + len(value) + 4
+        if self.count > MAX_HEAD_FIELDS or self.size > MAX_HEAD_BYTES:
+            raise self._refused()
         if self.between:
             return  # a trailer field: dropped (a login or a header would otherwise reach the next answer)
         kind = _RESPONSE_KINDS.get(name.lower())
@@ -377,7 +400,11 @@ class ResponseReader:
             self.length = value
             self.lines.extend((name, b": ", value, b"\r\n"))
         elif kind == _CONN:
-            self.tokens = _tokens(value) if self.tokens is None else self.tokens + _tokens(value)
+            tokens = self.tokens
+            if tokens is None:
+                self.tokens = _tokens(value)
+            else:  # (extended in place: a head of many Connection lines is linear, not quadratic)
+                tokens.extend(_tokens(value))
         elif kind == _TE:
             self.chunked = True
         elif kind == _LOGIN:
@@ -388,10 +415,23 @@ class ResponseReader:
             self.retry_after = value
             self.lines.extend((name, b": ", value, b"\r\n"))
 
+    def _refused(self) -> AnswerRefused:
+        """What passing a bound refuses (a trailer's bound is the framing's)."""
+        if self.between:
+            if self.count > MAX_HEAD_FIELDS:
+                return AnswerRefused(FRAMING, f"sent a trailer of more than {MAX_HEAD_FIELDS} lines")
+            return AnswerRefused(FRAMING, f"sent a trailer over {MAX_HEAD_BYTES} bytes")
+        if self.count > MAX_HEAD_FIELDS:
+            return AnswerRefused(HEAD_FIELDS, f"sent an answer head of more than {MAX_HEAD_FIELDS} header lines")
+        return AnswerRefused(HEAD_SIZE, f"sent an answer head over {MAX_HEAD_BYTES} bytes")
+
     def finish(self, status: int, reason: bytes | None, upstream11: bool, head_request: bool, client11: bool,
                client_keep_alive: bool, extra: bytes = b"") -> ResponseHead:
         """``extra``: header lines the front adds (the new user's Set-Cookie). The reader is ready for the next
-        head afterwards."""
+        head afterwards (and counts the trailer's lines from none). AnswerRefused when the head with its reason
+        phrase is over ``MAX_HEAD_BYTES``."""
+        if reason is not None and self.size + len(reason) > MAX_HEAD_BYTES:
+            raise AnswerRefused(HEAD_SIZE, f"sent an answer head over {MAX_HEAD_BYTES} bytes")
         parts = self.lines
         if status == self.last_status and reason == self.last_reason:
             parts[0] = self.last_line
@@ -403,6 +443,7 @@ class ResponseReader:
         self.tokens = self.length = self.login = self.upgrade = self.retry_after = None
         self.chunked = False
         self.between = True
+        self.count = self.size = 0
         upstream_keep_alive = upstream11
         if tokens is not None:
             upstream_keep_alive = (b"close" not in tokens) if upstream11 else (b"keep-alive" in tokens)

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from elasticd.config.model import Config
+from elasticd.front.core.bounds import DEFAULT_CONCURRENCY
 
 __all__ = ["AppRoute", "RouteTable", "normalize_host"]
 
@@ -28,6 +29,16 @@ class AppRoute:
     canary_share: float = 0.0
     groups: frozenset[str] = frozenset()
     label: str = ""  # "tenant/app" (made once per table: a placement records it on the user's entry)
+    # (group, its concurrency) for each group: what one worker serves at once, which bounds the front's connections
+    # to it (``bounds.connection_bound``). A tuple, not a mapping: a route is hashed.
+    concurrency: tuple[tuple[str, int], ...] = ()
+
+    def concurrency_of(self, group: str) -> int:
+        """The concurrency of ``group``'s workers (the config's default when the route does not say)."""
+        for name, value in self.concurrency:
+            if name == group:
+                return value
+        return DEFAULT_CONCURRENCY
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -89,7 +100,8 @@ class RouteTable:
             domain: AppRoute(tenant.name, app.name, app.default_group,
                              app.canary.group if app.canary is not None else None,
                              app.canary.share if app.canary is not None else 0.0, frozenset(app.groups),
-                             f"{tenant.name}/{app.name}")
+                             f"{tenant.name}/{app.name}",
+                             tuple(sorted((name, group.concurrency) for name, group in app.groups.items())))
             for tenant, app in config.apps()
             for domain in app.domains
         }
