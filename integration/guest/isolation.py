@@ -73,6 +73,9 @@ MARK = "elt-hostile"  # hostile_app.MARK: the prefix of the files it tries to cr
 EVIL_CPU_MAX = "50000 100000"  # cpu: 50%
 DENIED = {"EACCES", "EPERM"}
 WORKER_ENV = {"PATH", "LANG", "HOME", "USER", "LOGNAME"}  # what a worker keeps of elasticd's environment
+# Not elasticd's: systemd-cat (systemd 257, not 252) tells the command it runs that its stdout/stderr are that journal
+# stream (device:inode of the worker's own stream), as systemd does for a service.
+STREAM_ENV = {"JOURNAL_STREAM"}
 
 CONFIG = f"""\
 server:
@@ -219,7 +222,8 @@ def _scenario(users: dict[str, Any], began: float) -> tuple[str, dict[str, Any]]
     check(rep["cgroup"] == str(evil_leaf), f"the worker's cgroup is {rep['cgroup']}, not {evil_leaf}")
     env = rep["env"]
     # PWD is not elasticd's: /bin/sh (the trampoline) exports it, as its cwd, the app root the worker is in anyway.
-    extra_env = [n for n in rep["env_names"] if n not in WORKER_ENV and not n.startswith(("ELASTIC_", "HOSTILE_"))
+    extra_env = [n for n in rep["env_names"] if n not in WORKER_ENV | STREAM_ENV
+                 and not n.startswith(("ELASTIC_", "HOSTILE_"))
                  and not (n == "PWD" and env.get("PWD") == str(EVIL_ROOT))]
     check(not extra_env, f"the worker's environment holds more than PATH, LANG, HOME/USER/LOGNAME, the group's "
           f"env, ELASTIC_* (and PWD, the app root, from /bin/sh): {extra_env} (PWD {env.get('PWD')!r})")
