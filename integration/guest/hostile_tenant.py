@@ -207,8 +207,9 @@ def _scenario() -> tuple[str, dict[str, Any]]:
     # Loose on purpose (two emulated CPUs, often two guests at once on the host's two cores): before the bounds, the
     # neighbour's throughput fell to 0.04x under the channel flood; the benchmark measures the ratio on a real
     # machine. The attackers are held to half a CPU and a quarter by their cpu.max; journald's work on the output
-    # flood is nobody's (see the README: its rate limit is per unit).
-    check(during["rps"] >= 0.3 * before["rps"], f"the neighbour's throughput fell from {before['rps']:.0f} to "
+    # flood is nobody's (see the README: its rate limit is per unit). Measured under CI (two guests at once):
+    # 0.41-1.25x, elasticd's own CPU flat while the guest's two CPUs were full of the attackers' and journald's.
+    check(during["rps"] >= 0.2 * before["rps"], f"the neighbour's throughput fell from {before['rps']:.0f} to "
           f"{during['rps']:.0f} requests a second under the attack; CPU % before {cpu_before}, during {cpu_during}")
 
     # The hostile worker's output is in the journal under its own identifier, from its own leaf.
