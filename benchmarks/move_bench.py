@@ -71,12 +71,13 @@ async def get(port: int, path: str) -> float:
 async def main_async(args: argparse.Namespace, where: Path) -> None:
     pids: dict[str, int] = {}
 
-    def authenticate(worker_id: str, token: str, pid: int, uid: int) -> str | None:
+    def authenticate(tenant: str, worker_id: str, token: str, pid: int, uid: int) -> str | None:
         return None if token == f"token-{worker_id}" and worker_id in pids else "unknown"
 
-    channel = ChannelServer(str(where / "channel.sock"), authenticate, lambda *a: None)
-    await channel.start()
-    procs = {name: start_worker(name, where, channel.path) for name in ("w1", "w2")}
+    channel = ChannelServer(str(where), authenticate, lambda *a: None)
+    path = str(where / "workers" / "acme" / "channel.sock")  # (the channel's socket per tenant)
+    await channel.serve({"acme": path})
+    procs = {name: start_worker(name, where, path) for name in ("w1", "w2")}
     pids.update({name: p.pid for name, p in procs.items()})
     try:
         for _ in range(500):

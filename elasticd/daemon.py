@@ -465,7 +465,7 @@ class Daemon:
             await self.api.start()
             await self.front.start()
             await self.metrics.start()
-            await self.channel.start()
+            # (the channel listens once an activation names the tenants: ChannelServer.serve)
             if self.agent is not None:
                 await self.agent.start()
         except (CgroupRefused, SocketInUse, ValueError, OSError) as exc:

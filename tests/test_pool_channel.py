@@ -55,7 +55,6 @@ async def _say(reader, writer, message) -> dict:
 async def serve_channel(tmp_path, registry: Registry, tenant: str = "t", **options) -> ChannelServer:
     """A channel in ``tmp_path`` (its runtime directory) serving one tenant's socket; its path: ``.path(tenant)``."""
     server = ChannelServer(str(tmp_path), registry.authenticate, registry.on_report, **options)
-    await server.start()
     assert await server.serve({tenant: str(tmp_path / "workers" / tenant / "channel.sock")}) == []
     return server
 

@@ -217,9 +217,10 @@ class Front:
         return len(self.forwards.open_of(user))
 
     def forget_worker(self, worker_id: str) -> None:
-        """A worker gone for good (retired, removed): its forward counters end with it."""
+        """A worker gone for good (retired, removed): its forward counters end with it, and what was said of it."""
         self.close_upstream(worker_id)
         self.forwards.forget_worker(worker_id)
+        self.said.forget(worker_id)
 
     def close_upstream(self, worker_id: str) -> None:
         """The worker is gone (the supervisor saw it exit): close its pooled connections, re-place its users

@@ -217,9 +217,6 @@ class ChannelServer:
                 problems.append(f"tenant {tenant}: its channel socket {path} cannot be made: {exc}")
         return problems
 
-    async def start(self) -> None:
-        """Nothing listens before ``serve`` names the tenants; kept for the daemon's start order."""
-
     async def stop(self) -> None:
         # Listeners first (nothing new comes), then every connection, then the tasks that served them (one may be
         # pacing a flood, asleep: cancelled, and waited for, so none is left for the loop's end to cancel).

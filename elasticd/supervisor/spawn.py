@@ -134,12 +134,19 @@ def worker_env(spec: WorkerSpec, base: Mapping[str, str], *, worker_id: str, tok
     env.update(spec.env)
     env.update({
         "ELASTIC_LISTEN": f"unix:{socket_path(runtime_dir, worker_id)}",
-        "ELASTIC_CHANNEL": f"unix:{channel_path(runtime_dir, worker_id.split('.', 1)[0])}",
+        "ELASTIC_CHANNEL": f"unix:{channel_path(runtime_dir, _tenant_of(worker_id))}",
         "ELASTIC_WORKER_ID": worker_id,
         "ELASTIC_TOKEN": token,
         "ELASTIC_OCCUPANCY_INTERVAL": f"{occupancy_interval:g}",
     })
     return env
+
+
+def _tenant_of(worker_id: str) -> str:
+    parts = parse_worker_id(worker_id)
+    if parts is None:
+        raise ValueError(f"{worker_id!r} is not a worker id (tenant.app.group.N)")
+    return parts.tenant
 
 
 def socket_dir(runtime_dir: str, tenant: str) -> str:
