@@ -114,7 +114,20 @@ def render_status(status: dict[str, Any]) -> str:
     out.append(table(["TENANT", "USER", "APP", "GROUP", "USERS", "WORKER", "PID", "STATE", "UPTIME", "RESTARTS"],
                      rows) if rows else "no apps configured")
     out.append("GROUP: * new users go there, ~ the canary and its share of new users, bare: its users finish there")
+    views = [[tname, _isolation(tenant.get("isolation"))] for tname, tenant in status["tenants"].items()]
+    if views:
+        out.append("")
+        out.append(table(["TENANT", "ISOLATION"], views))
     return "\n".join(out)
+
+
+def _isolation(view: dict[str, Any] | None) -> str:
+    """One tenant's view in a line: what its workers may write, what else they see, where its /tmp is."""
+    if view is None:
+        return "none: its workers see the host as elasticd does"
+    writes = ", ".join(view["read_write"]) or "-"
+    reads = f"; also read-only: {', '.join(view['read_only'])}" if view["read_only"] else ""
+    return f"own mount+pid namespace ({view['tool']}); writes {writes}; /tmp {view['tmp']}{reads}"
 
 
 # ---------------------------------------------------------------------- commands

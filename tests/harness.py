@@ -117,6 +117,7 @@ class Daemon:
               metrics_listen: 127.0.0.1:{self.metrics_port}
               admin_socket: {self.admin}
               runtime_dir: {self.runtime}
+              tmp_dir: {tmp / "tenant-tmp"}
               stop_timeout: {stop_timeout}
               cgroups: {{mode: {mode}, path: {self.cgroup}}}
             """) + extra_server

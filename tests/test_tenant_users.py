@@ -25,6 +25,7 @@ import pytest
 from harness import Daemon, browse
 
 import elasticd
+from elasticd.supervisor.sandbox_host import command_pid
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 SITE = sysconfig.get_paths()["purelib"]
@@ -58,6 +59,7 @@ TENANT = """\
           main:
             command: ["{python}", "-m", "elasticd.demo"]
             env: {{PYTHONPATH: "{pythonpath}"}}
+    isolation: {{read_only: [{read_only}]}}
 """
 
 
@@ -95,15 +97,18 @@ def _status_fields(pid: int) -> dict[str, str]:
 
 def test_a_tenant_with_a_user_runs_unprivileged_and_apart(users, base):
     (alice, alice_uid, alice_gid), (bob, bob_uid, _) = users(), users()
-    root = base / "srv"
-    root.mkdir(mode=0o755)
-    tenants = "".join(TENANT.format(name=n, user=u, root=root, python=SYSTEM_PYTHON, pythonpath=f"{SITE}:{SOURCE}")
+    for name in ("a", "b"):
+        (base / "srv" / name).mkdir(mode=0o755, parents=True)
+    tenants = "".join(TENANT.format(name=n, user=u, root=base / "srv" / n, python=SYSTEM_PYTHON,
+                                    pythonpath=f"{SITE}:{SOURCE}", read_only=f"{SITE}, {SOURCE}")
                       for n, u in (("a", alice), ("b", bob)))
     d = Daemon(base, TENANTS.format(tenants=tenants))
     d.start()
     try:
         [worker] = d.workers("a", "web", "main")
-        fields = _status_fields(worker["pid"])
+        command = command_pid(worker["pid"])  # (in its sandbox: the pid elasticd started is bubblewrap's)
+        assert command is not None
+        fields = _status_fields(command)
         assert fields["Uid"].split() == [str(alice_uid)] * 4 and fields["Gid"].split() == [str(alice_gid)] * 4
         assert fields["Groups"] == ""  # --clear-groups: none of root's
         assert int(fields["CapEff"], 16) == 0 and int(fields["CapBnd"], 16) == 0 and int(fields["CapInh"], 16) == 0
@@ -125,7 +130,7 @@ def test_a_tenant_with_a_user_runs_unprivileged_and_apart(users, base):
         pool = json.loads(d.ctl("pool", "a/web", "--json").stdout)["groups"]["main"]
         assert pool["workers"][0]["announced"]
         env = dict(item.split("=", 1) for item in
-                   Path(f"/proc/{worker['pid']}/environ").read_text().split("\0") if "=" in item)
+                   Path(f"/proc/{command}/environ").read_text().split("\0") if "=" in item)
         assert env["USER"] == alice and env["LOGNAME"] == alice and "NOTIFY_SOCKET" not in env
         # Alice's channel socket is in her directory: bob cannot even connect to it (with her worker's token).
         a_channel = env["ELASTIC_CHANNEL"].removeprefix("unix:")
@@ -163,7 +168,7 @@ def test_an_interpreter_the_user_cannot_run_is_named_not_looped_on(users, base):
     venv_python.symlink_to(SYSTEM_PYTHON)
     root = base / "srv"
     root.mkdir(mode=0o755)
-    tenants = TENANT.format(name="c", user=carol, root=root, python=venv_python, pythonpath=SITE)
+    tenants = TENANT.format(name="c", user=carol, root=root, python=venv_python, pythonpath=SITE, read_only=SITE)
     d = Daemon(base, TENANTS.format(tenants=tenants))
     d.start()
     try:

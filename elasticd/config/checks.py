@@ -1,5 +1,6 @@
 """Checks across the whole document, made once every section parsed: a domain routed twice, a worker socket path
-too long for sun_path, an app root another user could write into (read from the disk as it is now)."""
+too long for sun_path, an app root another user could write into (read from the disk as it is now), an isolated
+tenant's view that would hold another tenant's root or elasticd's own runtime directory."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import stat
 from collections.abc import Mapping
 from typing import Any
 
+from elasticd.config.isolation import inside
 from elasticd.config.model import Server, Tenant
 from elasticd.config.walk import Walk
 
@@ -18,6 +20,7 @@ def check_document(walk: Walk, server: Server, tenants: Mapping[str, Tenant], to
     _check_domains(walk, tenants, top)
     _check_socket_paths(walk, server, tenants, top)
     _check_roots(walk, tenants, top)
+    _check_views(walk, server, tenants, top)
 
 
 def _check_domains(walk: Walk, tenants: Mapping[str, Tenant], root: dict[Any, Any]) -> None:
@@ -93,3 +96,38 @@ def _check_roots(walk: Walk, tenants: Mapping[str, Tenant], root: dict[Any, Any]
             if refusal is not None:
                 node = root["tenants"][tenant.name]["apps"][app.name]
                 walk.error(f"tenants.{tenant.name}.apps.{app.name}.root", Walk.key_line(node, "root"), refusal)
+
+
+def _check_views(walk: Walk, server: Server, tenants: Mapping[str, Tenant], root: dict[Any, Any]) -> None:
+    """What an isolated tenant's workers see must hold nothing of another tenant's, nor elasticd's runtime directory
+    (its admin socket, every tenant's sockets): its roots and binds may not contain another tenant's root, nor
+    lie inside one, nor contain the runtime directory."""
+    roots = {tenant.name: [os.path.realpath(app.root) for app in tenant.apps.values()] for tenant in tenants.values()}
+    runtime = os.path.realpath(server.runtime_dir)
+    for tenant in tenants.values():
+        view = tenant.isolation
+        if view is None:
+            continue
+        node = root["tenants"][tenant.name]
+        iso = node.get("isolation") or {}
+        shown = [(f"apps.{app.name}.root", os.path.realpath(app.root),
+                  Walk.key_line(node["apps"][app.name], "root")) for app in tenant.apps.values()]
+        for key, paths in (("writable", view.writable), ("read_only", view.read_only)):
+            shown += [(f"isolation.{key}[{i}]", path, Walk.item_line(iso.get(key), i)) for i, path in enumerate(paths)]
+        for where, path, line in shown:
+            problem = _exposes(path, tenant.name, roots, runtime)
+            if problem is not None:
+                walk.error(f"tenants.{tenant.name}.{where}", line, f"{path} {problem}")
+
+
+def _exposes(path: str, tenant: str, roots: Mapping[str, list[str]], runtime: str) -> str | None:
+    if inside(runtime, path):
+        return f"holds elasticd's runtime directory {runtime} (every tenant's sockets): it cannot be in a tenant's view"
+    for other, theirs in roots.items():
+        if other == tenant:
+            continue
+        for their in theirs:
+            if inside(their, path) or inside(path, their):
+                return (f"{'holds' if inside(their, path) else 'lies inside'} tenant {other}'s root {their}: "
+                        "it cannot be in another tenant's view")
+    return None

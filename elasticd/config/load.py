@@ -21,6 +21,7 @@ from ruamel.yaml.error import MarkedYAMLError
 
 from elasticd.config.capacity import capacity_block, nodes_list, registry_section
 from elasticd.config.checks import check_document
+from elasticd.config.isolation import isolation_section
 from elasticd.config.model import (
     App,
     Canary,
@@ -68,8 +69,8 @@ _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 _SERVER_KEYS = ("listen", "metrics_listen", "admin_socket", "admin_group", "runtime_dir", "cgroups",
                 "sample_interval", "occupancy_interval", "request_timeout", "stop_timeout", "user_ttl",
-                "hung_after", "move_timeout", "monitor", "registry", "agent_listen", "stop_drain")
-_TENANT_KEYS = ("user", "group", "resources", "quotas", "apps")
+                "hung_after", "move_timeout", "monitor", "registry", "agent_listen", "stop_drain", "tmp_dir")
+_TENANT_KEYS = ("user", "group", "resources", "quotas", "apps", "isolation")
 _RESOURCE_KEYS = ("cpu", "memory", "swap", "pids", "io_weight", "io_bandwidth")
 _QUOTA_KEYS = ("max_concurrent_requests", "requests_per_second", "burst")
 _APP_KEYS = ("domains", "root", "default_group", "canary", "groups")
@@ -102,6 +103,7 @@ def _server(walk: Walk, node: Any, line: int | None) -> Server:
         registry=registry_section(walk, m),
         agent_listen=walk.value(m, "agent_listen", "server", address, None),
         stop_drain=walk.value(m, "stop_drain", "server", duration_or_zero, 0.0),
+        tmp_dir=walk.value(m, "tmp_dir", "server", absolute_path, d.tmp_dir),
         listen=walk.value(m, "listen", "server", address, d.listen),
         metrics_listen=walk.value(m, "metrics_listen", "server", address, d.metrics_listen),
         admin_socket=walk.value(m, "admin_socket", "server", absolute_path, d.admin_socket),
@@ -373,12 +375,14 @@ def _tenant(walk: Walk, name: str, node: Any, path: str, line: int | None) -> Te
     anode = walk.mapping(m.get("apps"), f"{path}.apps", walk.key_line(m, "apps"), None)
     for aname, child, apath, aline in _named(walk, anode, f"{path}.apps", "app"):
         apps[aname] = _app(walk, aname, child, apath, aline)
+    run_as = _run_as(walk, m, path)
     return Tenant(
         name=name,
         resources=_resources(walk, m.get("resources"), f"{path}.resources", walk.key_line(m, "resources")),
         quotas=_quotas(walk, m.get("quotas"), f"{path}.quotas", walk.key_line(m, "quotas")),
         apps=apps,
-        run_as=_run_as(walk, m, path),
+        run_as=run_as,
+        isolation=isolation_section(walk, m, path, run_as, apps),
     )
 
 

@@ -9,7 +9,8 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["PROBE_KINDS", "Address", "App", "Canary", "Capacity", "CgroupSettings", "Config", "Group", "MonitorAuth",
+__all__ = ["PROBE_KINDS", "Address", "App", "Canary", "Capacity", "CgroupSettings", "Config", "Group", "Isolation",
+           "MonitorAuth",
            "Node", "PoolSettings", "Quotas", "Registry", "Resources", "RunAs", "Server", "Tenant", "default_burst",
            "node_id"]
 
@@ -69,6 +70,8 @@ class Server:
     registry: Registry | None = None  # None: no /v1/registry
     agent_listen: Address | None = None  # HAProxy's agent-check answered here (elasticd/agent/); None: off
     stop_drain: float = 0.0  # at a stop, answer the agent `drain` this long first, still serving (0: off)
+    # Where each isolated tenant's private /tmp and /var/tmp live on the host (<tmp_dir>/<tenant>/tmp, .../var-tmp).
+    tmp_dir: str = "/var/tmp/elasticd"
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,12 +231,25 @@ class RunAs:
 
 
 @dataclass(frozen=True, slots=True)
+class Isolation:
+    """``tenants.<t>.isolation``: its workers' view of the host (a mount and pid namespace of their own, made by
+    bubblewrap: ``supervisor/sandbox.py``). ``writable``: extra paths bound read-write (inside the tenant's roots
+    or its user's home); ``read_only``: extra paths bound read-only (a shared runtime, a venv outside the roots);
+    ``home``: the user's home, bound read-write, when it is a directory the user owns (decided at load)."""
+
+    writable: tuple[str, ...] = ()
+    read_only: tuple[str, ...] = ()
+    home: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Tenant:
     name: str
     resources: Resources
     quotas: Quotas
     apps: Mapping[str, App]
     run_as: RunAs | None = None  # None: no `user:`, its workers run as elasticd does (root)
+    isolation: Isolation | None = None  # None: its workers see the host as elasticd does (no `user:`, or turned off)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,16 +32,20 @@ def balancer_warnings(config: Config) -> list[str]:
 
 
 def isolation_warnings(config: Config) -> list[str]:
-    """What an operator must hear about tenants' isolation: one running as root, two sharing a user."""
+    """What an operator must hear about tenants' isolation: one running as root, one with a user but no view of its
+    own, two sharing a user."""
     warnings = [f"tenant {t.name} runs as root: its workers can undo their own limits (give it a user:)"
                 for t in config.tenants.values() if t.run_as is None or t.run_as.uid == 0]
+    warnings += [f"tenant {t.name} is not isolated (isolation: {{enabled: false}}): its workers see every other "
+                 "tenant's world-readable files and every process of the host, and share the host's /tmp"
+                 for t in config.tenants.values() if t.run_as is not None and t.run_as.uid != 0 and t.isolation is None]
     by_uid: dict[int, list[str]] = {}
     users: dict[int, str] = {}
     for tenant in config.tenants.values():
         if tenant.run_as is not None and tenant.run_as.uid != 0:
             by_uid.setdefault(tenant.run_as.uid, []).append(tenant.name)
             users[tenant.run_as.uid] = tenant.run_as.user
-    for uid, names in by_uid.items():
+    for uid, names in by_uid.items():  # (each isolated or not: a uid is one to the kernel)
         if len(names) > 1:
             warnings.append(f"tenants {', '.join(names)} share the user {users[uid]} (uid {uid}): they can signal "
                             "each other's workers and read each other's files")

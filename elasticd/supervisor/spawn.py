@@ -7,7 +7,9 @@ workers are replaced); the argv and environment of one start are derived from th
 The order of one start: elasticd forks (from the event loop's thread: see below), the child execs the
 trampoline as root, which puts its own pid into the leaf; under journald it then execs ``systemd-cat``, which
 connects the worker's stdout and stderr to a journald stream of its own (see ``JournalStream``); then it sets the
-umask (027: no file a worker makes is anyone else's to read), then execs ``setpriv``, which drops to the tenant's
+umask (027: no file a worker makes is anyone else's to read); for an isolated tenant it then execs bubblewrap,
+which makes the worker's view of the host (``sandbox.py``) and forks the process that runs the rest inside it; then
+``setpriv``, which drops to the tenant's
 user (``--reuid/--regid``, no supplementary groups, no new privileges, every capability gone from the
 inheritable and bounding sets) and sets the parent-death signal, then execs the command. So the tenant's first
 instruction already runs unprivileged and inside its leaf, and can never regain privileges.
@@ -23,14 +25,15 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from elasticd.config.model import App, Group, RunAs
+from elasticd.supervisor.sandbox import Mask, Sandbox, with_interpreter
 from elasticd.worker_ids import parse_worker_id
 
-__all__ = ["SETPRIV", "TRAMPOLINE", "UMASK", "JournalStream", "WorkerSpec", "channel_path", "permits", "privileges",
-           "socket_dir", "socket_path", "spawn_argv", "spec_for", "worker_env"]
+__all__ = ["SETPRIV", "TRAMPOLINE", "UMASK", "JournalStream", "WorkerSpec", "channel_path", "own_interpreter",
+           "permits", "privileges", "socket_dir", "socket_path", "spawn_argv", "spec_for", "worker_env"]
 
 # The one constant shell script of ADR-0010. It runs as the worker's own pid: it writes that pid into the
 # leaf's cgroup.procs and only then execs the command, so the worker's first instruction (and every child
@@ -53,14 +56,27 @@ class WorkerSpec:
     cwd: str
     leaf: str | None  # None: cgroups not enforced, start the command directly
     run_as: RunAs | None = None  # None: the tenant has no `user:` (its workers keep elasticd's credentials)
+    sandbox: Sandbox | None = None  # None: the tenant is not isolated (its workers see the host as elasticd does)
 
 
-def spec_for(app: App, group: Group, leaf: str | None, run_as: RunAs | None = None) -> WorkerSpec:
+def spec_for(app: App, group: Group, leaf: str | None, run_as: RunAs | None = None,
+             sandbox: Sandbox | None = None) -> WorkerSpec:
     python = group.python or sys.executable
     argv = tuple(arg.replace("{python}", python) for arg in group.command)
     # ELASTIC_CONCURRENCY tells the sensor library its executor's size (an addition to DESIGN's contract).
     env = {**group.env, "ELASTIC_CONCURRENCY": str(group.concurrency)}
-    return WorkerSpec(argv=argv, env=tuple(sorted(env.items())), cwd=app.root, leaf=leaf, run_as=run_as)
+    if sandbox is not None and group.python is None and any("{python}" in arg for arg in group.command):
+        # elasticd's own interpreter (the demo app's, say): its prefixes and its package, read-only in the view.
+        sandbox = with_interpreter(sandbox, own_interpreter())
+    return WorkerSpec(argv=argv, env=tuple(sorted(env.items())), cwd=app.root, leaf=leaf, run_as=run_as,
+                      sandbox=sandbox)
+
+
+def own_interpreter() -> tuple[str, ...]:
+    """Where elasticd's own Python lives: its prefix (a venv's), the base prefix, and the directory elasticd's
+    package is imported from (a source checkout, for an editable install)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../elasticd
+    return tuple(dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(package))))
 
 
 # Between the trampoline and setpriv, a second constant script sets the worker's umask: uvloop's spawn takes no
@@ -112,13 +128,17 @@ class JournalStream:
                 "--"]
 
 
-def spawn_argv(spec: WorkerSpec, socket: str | None = None, journal: JournalStream | None = None) -> list[str]:
+def spawn_argv(spec: WorkerSpec, socket: str | None = None, journal: JournalStream | None = None, *,
+               cwd: str | None = None, masks: Sequence[Mask] = ()) -> list[str]:
     """The argv of one start. ``{socket}`` in the command is the worker's own socket path (the bare path of
     ELASTIC_LISTEN), so ``["gunicorn", "--bind", "unix:{socket}", "app:app"]`` needs no shell; it is per worker,
     hence substituted here and not in the group's spec. With ``journal``, the worker's output goes straight to
-    journald (``JournalStream``); without, to whatever stdout and stderr elasticd gives the process."""
+    journald (``JournalStream``); without, to whatever stdout and stderr elasticd gives the process. For an isolated
+    tenant, ``cwd`` is the worker's directory inside its view (default: the app's root) and ``masks`` the hidden
+    paths that exist now (``sandbox.Sandbox.argv``)."""
     argv = [arg.replace("{socket}", socket) for arg in spec.argv] if socket is not None else list(spec.argv)
-    argv = ["/bin/sh", "-c", UMASK, "umask", *privileges(spec.run_as), *argv]
+    view = spec.sandbox.argv(cwd=cwd or spec.cwd, leaf=spec.leaf, masks=masks) if spec.sandbox is not None else []
+    argv = ["/bin/sh", "-c", UMASK, "umask", *view, *privileges(spec.run_as), *argv]
     if journal is not None:
         argv = [*journal.argv(), *argv]
     if spec.leaf is None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from elasticd.background import Background
 from elasticd.config.model import Config, RunAs
 from elasticd.supervisor.plan import Desired, GroupKey, Plan, Running, plan
+from elasticd.supervisor.sandbox import inaccessible_path, sandbox_for, tmp_dirs
 from elasticd.supervisor.spawn import WorkerSpec, socket_dir, spec_for
 from elasticd.supervisor.worker import Worker, journal_for_workers
 from elasticd.worker_ids import format_worker_id
@@ -148,7 +149,8 @@ class Supervisor:
     def desired(self, config: Config) -> dict[GroupKey, Desired]:
         return {
             (tenant.name, app.name, group.name):
-                Desired(spec_for(app, group, self.leaf_for(tenant.name, app.name), tenant.run_as),
+                Desired(spec_for(app, group, self.leaf_for(tenant.name, app.name), tenant.run_as,
+                                 sandbox_for(config, tenant)),
                         app.floor(group.name),  # none for a group new users do not go to, or at min_workers 0
                         group.pool.max_workers, group.pool.drain_timeout)
             for tenant, app, group in config.spawned_groups()  # (a nodes: group has nothing to start)
@@ -161,6 +163,8 @@ class Supervisor:
             os.makedirs(os.path.join(self.runtime_dir, "workers"), mode=0o755, exist_ok=True)
             for tenant in config.tenants.values():
                 _prepare_socket_dir(socket_dir(self.runtime_dir, tenant.name), tenant.run_as)
+            if any(tenant.isolation is not None for tenant in config.tenants.values()):
+                _prepare_views(config, self.runtime_dir)
             desired = self.desired(config)
             running = {key: Running(entry.desired.spec, len(entry.workers)) for key, entry in self._groups.items()}
             todo = plan(running, desired)
@@ -355,3 +359,25 @@ def _prepare_socket_dir(path: str, run_as: RunAs | None) -> None:
     if os.geteuid() == 0:
         os.chown(path, uid, gid)
     os.chmod(path, 0o700)
+
+
+def _prepare_views(config: Config, runtime_dir: str) -> None:
+    """What isolated workers' views are made of, on the host: the empty mode-0000 file bound over hidden files, and
+    each isolated tenant's /tmp and /var/tmp (sticky and open to all, as a host's: inside the view only the tenant's
+    user is there), in a directory only root may enter (``<tmp_dir>`` and ``<tmp_dir>/<tenant>``: 0700)."""
+    blank = inaccessible_path(runtime_dir)
+    if not os.path.isfile(blank):
+        with open(os.open(blank, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o000), "wb"):
+            pass
+    os.chmod(blank, 0o000)
+    os.makedirs(config.server.tmp_dir, mode=0o700, exist_ok=True)
+    os.chmod(config.server.tmp_dir, 0o700)
+    for tenant in config.tenants.values():
+        if tenant.isolation is None:
+            continue
+        own = os.path.join(config.server.tmp_dir, tenant.name)
+        os.makedirs(own, mode=0o700, exist_ok=True)
+        os.chmod(own, 0o700)
+        for path in tmp_dirs(own):
+            os.makedirs(path, exist_ok=True)
+            os.chmod(path, 0o1777)

@@ -30,6 +30,7 @@ from elasticd.background import watch
 from elasticd.supervisor.backoff import RestartPolicy
 from elasticd.supervisor.output import LINES_PER_SECOND, READ_CHUNK, LineSplitter, OutputBound
 from elasticd.supervisor.runnable import runnable
+from elasticd.supervisor.sandbox_host import command_pid, present_masks
 from elasticd.supervisor.spawn import JournalStream, WorkerSpec, socket_path, spawn_argv, worker_env
 from elasticd.systemd import stderr_is_journal
 
@@ -177,7 +178,7 @@ class Worker:
         if process is not None and process.returncode is None:
             self._set_state("stopping")
             with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
+                self._signal_command(process, signal.SIGTERM)
             try:
                 await asyncio.wait_for(process.wait(), grace)
             except TimeoutError:
@@ -185,6 +186,15 @@ class Worker:
                 _kill_tree(process.pid)
                 await process.wait()
         await self._end()
+
+    def _signal_command(self, process: asyncio.subprocess.Process, signum: int) -> None:
+        """Signal the worker's command: the process elasticd started, or, for an isolated worker, the command inside
+        its sandbox (``sandbox_host``: bubblewrap forwards no signal)."""
+        target = command_pid(process.pid) if self.spec.sandbox is not None else None
+        if target is None:
+            process.send_signal(signum)
+        else:
+            os.kill(target, signum)
 
     async def _end(self) -> None:
         if self._task is not None:
@@ -263,8 +273,9 @@ class Worker:
             stdout, stderr = worker_end, asyncio.subprocess.STDOUT
         process: asyncio.subprocess.Process | None = None
         try:
+            masks = present_masks(self.spec.sandbox.hidden) if self.spec.sandbox is not None else []
             process = await asyncio.create_subprocess_exec(
-                *spawn_argv(self.spec, self.socket_path, journal), env=env, cwd=cwd,
+                *spawn_argv(self.spec, self.socket_path, journal, cwd=cwd, masks=masks), env=env, cwd=cwd,
                 stdin=asyncio.subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                 # Its own session and process group: signals sent to elasticd's terminal or group do not
                 # reach it, and the whole group can be killed when the worker goes.
