@@ -48,6 +48,7 @@ REPO = HERE.parent
 IMAGE_DIR = HERE / "image"
 GUEST_DIR = HERE / "guest"
 HOSTILE_WORKER = REPO / "tests" / "apps" / "hostile_worker.py"
+VIEW_PROBE = REPO / "tests" / "apps" / "view_probe.py"
 DEFAULT_CACHE = Path(os.environ.get("ELASTICD_IT_CACHE", "/var/cache/elasticd-integration"))
 DEFAULT_WORK = REPO / "build"  # the run directory is build/integration-<suite>
 SUITES = ("bookworm", "trixie")
@@ -157,6 +158,7 @@ def prepare_share(work: Path, deb: Path, only: list[str]) -> Path:
     shutil.copytree(GUEST_DIR, share / "guest", ignore=shutil.ignore_patterns("__pycache__"))
     # Scenario 19's hostile tenant is the functional tests' own (one program, not a copy kept in step by hand).
     shutil.copy2(HOSTILE_WORKER, share / "guest" / "hostile_worker.py")
+    shutil.copy2(VIEW_PROBE, share / "guest" / "view_probe.py")  # scenario 20's, as 19's
     (share / "guest" / "options.json").write_text(json.dumps({"only": only}))
     return share
 

@@ -160,7 +160,9 @@ class Supervisor:
         async with self._lock:
             self.stop_timeout = config.server.stop_timeout
             self.occupancy_interval = config.server.occupancy_interval
-            os.makedirs(os.path.join(self.runtime_dir, "workers"), mode=0o755, exist_ok=True)
+            workers_dir = os.path.join(self.runtime_dir, "workers")
+            os.makedirs(workers_dir, mode=0o755, exist_ok=True)
+            os.chmod(workers_dir, 0o755)  # (searchable by every tenant's user whatever elasticd's umask: UMask=0027)
             for tenant in config.tenants.values():
                 _prepare_socket_dir(socket_dir(self.runtime_dir, tenant.name), tenant.run_as)
             if any(tenant.isolation is not None for tenant in config.tenants.values()):

@@ -1,6 +1,10 @@
 """Scenario 14, issue #11 (tenants as Unix users): a hostile tenant's worker tries to break out and the kernel
 says no to every try, while elasticd and the other tenant go on as before.
 
+This proves the users alone: both tenants say ``isolation: {enabled: false}``, so the worker sees the host as
+elasticd does and each refusal is the kernel's permission check. The view of its own that a tenant gets by default
+(issue #28) is scenario 20's (view.py).
+
 Two throw-away system users, ``eltevil`` and ``eltgood`` (``useradd --system --user-group --no-create-home``;
 reused when they exist, removed at the end). Two tenants, each with its ``user:``:
 
@@ -99,8 +103,10 @@ tenants:
               HOSTILE_GOOD_SOCKET: "{GOOD_SOCKET}"
               HOSTILE_GOOD_USER: "{USERS['good']}"
             pool: {{min_workers: 1, max_workers: 1}}
+    isolation: {{enabled: false}}
   good:
     user: {USERS['good']}
+    isolation: {{enabled: false}}
     apps:
       {APP}:
         domains: [good.localhost]

@@ -20,6 +20,7 @@ This is the one entry point; the scenarios live beside it, one module per subjec
   every attempt to break out by the kernel; elasticd and the other tenant go on as before);
 - ``hostile_tenant.py``: 19, issue #27 (a hostile tenant floods its channel and its output; tests/apps/
   hostile_worker.py, which run.py copies beside this file).
+- ``view.py``: 20, issue #28 (each tenant's own view of the host: tests/apps/view_probe.py, copied as above).
 
 Plain python3 and the standard library only: this judges elasticd from the outside, the way an operator
 would, through systemctl, the journal, the front (HTTP with Host headers), the admin socket, elasticctl,
@@ -65,6 +66,7 @@ from isolation import s_isolation  # noqa: E402
 from live_move import s_move  # noqa: E402
 from pool_kernel import s_pool_limits  # noqa: E402
 from runtime_limits import s_limits  # noqa: E402
+from view import s_view  # noqa: E402
 
 SCENARIO_TIMEOUT = 300  # seconds; the host's timeout bounds the whole run as well
 
@@ -99,6 +101,8 @@ SCENARIOS: list[tuple[str, str, Scenario]] = [
      "stop_drain first while the front still serves, then stops cleanly", s_agent),
     ("19-hostile", "a hostile tenant (its own user:) floods its channel and its output: refused and counted, its "
      "output in the journal under its own identifier, elasticd's own lines few, the neighbour served", s_hostile),
+    ("20-view", "each isolated tenant sees only its own root and processes, a /tmp of its own, none of elasticd's "
+     "files; a stop reaches the command in its sandbox; systemd-analyze security <= 4.0", s_view),
 ]
 
 
