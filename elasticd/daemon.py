@@ -550,7 +550,7 @@ def describe_isolation(config: Config, tenant: Tenant) -> dict[str, object] | No
     if view is None:
         return None
     tmp, var_tmp = tmp_dirs(view.tmp)
-    return {"tool": "bubblewrap", "namespaces": ["mount", "pid", "ipc", "cgroup"],
+    return {"tool": "bubblewrap", "namespaces": ["mount", "pid"],
             "read_write": [*view.roots, *view.read_write], "read_only": list(view.read_only), "tmp": tmp,
             "var_tmp": var_tmp}
 

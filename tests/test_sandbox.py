@@ -27,17 +27,14 @@ def test_the_trampoline_is_unchanged():
     assert UMASK == 'umask 027 && exec "$@"'
 
 
-@pytest.mark.parametrize(("leaf", "cgroup"), [
-    ("/sys/fs/cgroup/elasticd/tenants/acme/shop", ["--ro-bind", "/sys/fs/cgroup/elasticd/tenants/acme/shop",
-                                                   "/sys/fs/cgroup"]),
-    (None, ["--tmpfs", "/sys/fs/cgroup"]),
-])
-def test_the_view_binds_what_the_tenant_owns_and_the_system_read_only(leaf, cgroup):
-    argv = VIEW.argv(cwd="/srv/acme/shop", leaf=leaf, masks=[])
+def test_the_view_binds_what_the_tenant_owns_and_the_system_read_only():
+    argv = VIEW.argv(cwd="/srv/acme/shop", masks=[])
     assert argv[0] == BWRAP and argv[-3:] == ["--chdir", "/srv/acme/shop", "--"]
-    assert {"--unshare-pid", "--unshare-ipc", "--unshare-cgroup", "--die-with-parent"} <= set(argv)
-    # Never the network, a user namespace or a new session: the host's network, the host's uids.
-    assert not {"--unshare-net", "--unshare-user", "--unshare-all", "--share-net"} & set(argv)
+    assert {"--unshare-pid", "--die-with-parent"} <= set(argv)
+    # Only what the unit's RestrictNamespaces=mnt pid allows: never the network, a user namespace (the host's uids),
+    # IPC or cgroup namespaces.
+    assert not {"--unshare-net", "--unshare-user", "--unshare-all", "--unshare-ipc", "--unshare-cgroup",
+                "--unshare-uts"} & set(argv)
     assert _pairs(argv, "--ro-bind")[:2] == [("/usr", "/usr"), ("/etc", "/etc")]
     assert ("/opt/runtime", "/opt/runtime") in _pairs(argv, "--ro-bind")
     assert _pairs(argv, "--bind-try") == [("/srv/acme/shop", "/srv/acme/shop")]  # (a root not made yet: in /)
@@ -45,7 +42,8 @@ def test_the_view_binds_what_the_tenant_owns_and_the_system_read_only(leaf, cgro
                                       ("/var/tmp/elasticd/acme/var-tmp", "/var/tmp"),
                                       ("/home/acme", "/home/acme"),
                                       ("/run/elasticd/workers/acme", "/run/elasticd/workers/acme")]
-    assert argv[argv.index("/sys/fs/cgroup") - len(cgroup) + 1: argv.index("/sys/fs/cgroup") + 1] == cgroup
+    assert argv[argv.index("/sys/fs/cgroup") - 4: argv.index("/sys/fs/cgroup") + 1] == [
+        "--ro-bind", "/sys", "/sys", "--tmpfs", "/sys/fs/cgroup"]  # (the hierarchy names every tenant: hidden)
     assert argv[argv.index("--proc"): argv.index("--proc") + 4] == ["--proc", "/proc", "--dev", "/dev"]
     # Nothing else of the host: no /home, /root, /srv or /run as a whole, nor elasticd's runtime directory.
     sources = {a for a, _ in _pairs(argv, "--bind") + _pairs(argv, "--ro-bind") + _pairs(argv, "--bind-try")}
@@ -53,7 +51,7 @@ def test_the_view_binds_what_the_tenant_owns_and_the_system_read_only(leaf, cgro
 
 
 def test_parents_of_a_bind_are_made_searchable_before_it_once():
-    argv = VIEW.argv(cwd="/", leaf=None, masks=[])
+    argv = VIEW.argv(cwd="/", masks=[])
     dirs = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--dir"]
     assert dirs == ["/run", "/run/systemd", "/var", "/opt", "/srv", "/srv/acme", "/home", "/run/elasticd",
                     "/run/elasticd/workers"]
@@ -68,7 +66,7 @@ def test_parents_of_a_bind_are_made_searchable_before_it_once():
     (Mask("/root/elastic.yaml", False), None),  # not shown at all: a mask would only say where it is
 ])
 def test_hidden_paths_are_covered_only_where_the_view_shows_them(mask, expected):
-    argv = VIEW.argv(cwd="/", leaf=None, masks=[mask])
+    argv = VIEW.argv(cwd="/", masks=[mask])
     if expected is None:
         assert mask.path not in argv
         return

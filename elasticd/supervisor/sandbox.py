@@ -16,8 +16,8 @@ changed spec does. What the tenant's workers share is shared through binds: its 
 
 The view:
 
-- the system read-only: /usr (and /bin, /sbin, /lib* as the host has them), /etc, /opt; /sys read-only, with the
-  worker's own leaf as /sys/fs/cgroup (a cgroup namespace rooted at the leaf: /proc/self/cgroup says "/");
+- the system read-only: /usr (and /bin, /sbin, /lib* as the host has them), /etc, /opt; /sys read-only, with an
+  empty /sys/fs/cgroup (the hierarchy names every tenant and shows each one's usage);
 - /proc of the worker's own pid namespace (only its own processes), a minimal /dev (null, zero, full, random,
   urandom, tty, a private devpts) and a private /dev/shm;
 - the tenant's app roots, its ``writable:`` paths and its user's home read-write; its ``read_only:`` paths, and
@@ -79,15 +79,16 @@ class Sandbox:
     hidden: tuple[str, ...]  # what to hide when it exists (SECRETS, elasticd's config and the files it names)
     inaccessible: str  # a mode-0000 empty file of elasticd's, bound over each hidden file
 
-    def argv(self, *, cwd: str, leaf: str | None, masks: Sequence[Mask]) -> list[str]:
+    def argv(self, *, cwd: str, masks: Sequence[Mask]) -> list[str]:
         """bubblewrap's argv, ending at ``--``: what follows it is setpriv's argv. ``cwd``: the worker's directory
-        inside the view; ``leaf``: its cgroup (None: cgroups not enforced); ``masks``: the ``hidden`` paths that
-        exist now."""
+        inside the view; ``masks``: the ``hidden`` paths that exist now."""
         tmp, var_tmp = tmp_dirs(self.tmp)
         argv = [BWRAP,
-                # Its own pid namespace (bubblewrap's pid 1 reaps orphans; the command is pid 2), IPC namespace (no
-                # other tenant's SysV or POSIX message queues) and cgroup namespace rooted at the leaf.
-                "--unshare-pid", "--unshare-ipc", "--unshare-cgroup",
+                # Its own pid namespace (bubblewrap's pid 1 reaps orphans; the command is pid 2). Not IPC or cgroup
+                # namespaces: each would cost the unit's exposure score a notch (RestrictNamespaces= allows exactly
+                # what bubblewrap makes, for elasticd and every worker), for SysV IPC objects that their own modes
+                # guard and a /proc/self/cgroup that names only the worker's own leaf.
+                "--unshare-pid",
                 # bubblewrap's own processes die with elasticd, taking the worker's namespace with them.
                 "--die-with-parent"]
         for path in SYSTEM_READ_ONLY:
@@ -95,8 +96,8 @@ class Sandbox:
         made: set[str] = set()
         for path in SYSTEM_TRY:
             argv += [*_parents(path, made), "--ro-bind-try", path, path]
-        argv += ["--ro-bind", "/sys", "/sys"]
-        argv += ["--ro-bind", leaf, "/sys/fs/cgroup"] if leaf is not None else ["--tmpfs", "/sys/fs/cgroup"]
+        # /sys read-only, its cgroup hierarchy hidden: it names every tenant and shows each one's usage.
+        argv += ["--ro-bind", "/sys", "/sys", "--tmpfs", "/sys/fs/cgroup"]
         argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm",
                  "--bind", tmp, "/tmp", *_parents("/var/tmp", made), "--bind", var_tmp, "/var/tmp"]
         for path in self.read_only:

@@ -137,7 +137,7 @@ def spawn_argv(spec: WorkerSpec, socket: str | None = None, journal: JournalStre
     tenant, ``cwd`` is the worker's directory inside its view (default: the app's root) and ``masks`` the hidden
     paths that exist now (``sandbox.Sandbox.argv``)."""
     argv = [arg.replace("{socket}", socket) for arg in spec.argv] if socket is not None else list(spec.argv)
-    view = spec.sandbox.argv(cwd=cwd or spec.cwd, leaf=spec.leaf, masks=masks) if spec.sandbox is not None else []
+    view = spec.sandbox.argv(cwd=cwd or spec.cwd, masks=masks) if spec.sandbox is not None else []
     argv = ["/bin/sh", "-c", UMASK, "umask", *view, *privileges(spec.run_as), *argv]
     if journal is not None:
         argv = [*journal.argv(), *argv]

@@ -138,7 +138,13 @@ def _shipped_config_runs_unprivileged() -> str:
 
 
 def _uid_of(pid: int) -> int:
-    return int(next(ln for ln in read(Path(f"/proc/{pid}/status")).splitlines() if ln.startswith("Uid:")).split()[1])
+    """The uid the worker's command runs as: for an isolated tenant (every suite tenant), the command inside its
+    sandbox, not bubblewrap's monitor (the pid elasticd started and shows, which stays root's, without capabilities)."""
+    from elasticd.supervisor.sandbox_host import command_pid  # (the .deb's: installed by scenario 00, after this loads)
+
+    command = command_pid(pid) or pid
+    return int(next(ln for ln in read(Path(f"/proc/{command}/status")).splitlines()
+                    if ln.startswith("Uid:")).split()[1])
 
 
 def s_start() -> tuple[str, dict[str, Any]]:

@@ -78,10 +78,12 @@ tenants:
   flood:
     user: {USERS['flood']}
     resources: {{cpu: 50%}}
+    isolation: {{read_only: [{HOSTILE}]}}   # (the program, beside its apps' roots rather than in one)
     apps:
 {_apps("flood", attacks)}  hoard:
     user: {USERS['hoard']}
     resources: {{cpu: 25%}}
+    isolation: {{read_only: [{HOSTILE}]}}
     apps:
 {_apps("hoard", attacks)}  nbr:
     user: {USERS['nbr']}

@@ -56,7 +56,7 @@ def _config() -> str:
         paths = ":".join(str(p) for p in (
             ROOTS[tenant], other, other / "index.html", CONFIG_FILE, ADMIN,
             f"/run/elasticd/workers/{'other' if tenant == 'seer' else 'seer'}", "/etc/shadow", "/home", "/root",
-            "/usr", "/etc", "/tmp", "/var/tmp"))
+            "/usr", "/etc", "/tmp", "/var/tmp", "/sys/fs/cgroup/system.slice"))
         tenants += f"""\
   {tenant}:
     user: {user}
@@ -146,8 +146,10 @@ def _scenario() -> tuple[str, dict[str, Any]]:
         check(not p["/usr"]["write"] and not p["/etc"]["write"], f"{tenant} writes /usr or /etc: {p['/usr']}, "
               f"{p['/etc']}")
         check(p["/tmp"]["write"] and p["/var/tmp"]["write"], f"{tenant}'s /tmp: {p['/tmp']}, {p['/var/tmp']}")
+        check(not p["/sys/fs/cgroup/system.slice"]["exists"], f"{tenant} sees the cgroup hierarchy (every tenant's "
+              f"name and usage): {p['/sys/fs/cgroup/system.slice']}")
         check(seen["pids"] == [1, 2], f"{tenant}'s /proc shows pids {seen['pids']} (the host has {host_pids})")
-        check(seen["cgroup"].endswith("::/"), f"{tenant}'s /proc/self/cgroup: {seen['cgroup']!r}")
+        check(f"/tenants/{tenant}/app" in seen["cgroup"], f"{tenant}'s /proc/self/cgroup: {seen['cgroup']!r}")
         figures[tenant] = {"pids": seen["pids"], "uid": seen["uid"]}
         say(f"    {tenant}: /proc {seen['pids']} (host: {host_pids} processes); the other's root absent; "
             f"config {p[str(CONFIG_FILE)]}; /tmp writable")
