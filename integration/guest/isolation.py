@@ -269,11 +269,18 @@ def _scenario(users: dict[str, Any], began: float) -> tuple[str, dict[str, Any]]
     # ---------------------------------------------------------------- the operator's view, the journal
     text = elasticctl("status")
     check(text.returncode == 0, f"elasticctl status exited {text.returncode}: {text.stderr.strip()[-500:]}")
-    rows = {}
+    rows: dict[str, str] = {}
+    views: dict[str, str] = {}
     for line in text.stdout.splitlines():
         cols = line.split()
         if len(cols) >= 2 and cols[0] in USERS:
-            rows[cols[0]] = cols[1]
+            # The workers' table first (TENANT USER ...), then the views' (TENANT ISOLATION): off for both here.
+            if cols[0] in rows:
+                views[cols[0]] = cols[1]
+            else:
+                rows[cols[0]] = cols[1]
+    check(all(views.get(t) == "none:" for t in USERS), f"elasticctl status shows the tenants' isolation as {views}, "
+          "not none (isolation: {enabled: false})")
     for tenant, name in USERS.items():
         check(rows.get(tenant) == f"{name}:{name}", f"elasticctl status shows tenant {tenant}'s USER as "
               f"{rows.get(tenant)!r}, not {name}:{name}:\n{text.stdout}")
