@@ -116,7 +116,6 @@ class Sandbox:
                 ["--ro-bind", self.inaccessible, mask.path]
         return [*argv, "--chdir", cwd, "--"]
 
-
     def shows(self, path: str) -> bool:
         """Whether ``path`` is inside what the view binds from the host (a hidden path elsewhere needs no mask:
         it is absent, and a mask would only tell where it is)."""
