@@ -152,7 +152,7 @@ def test_the_journal_is_chosen_only_when_elasticd_s_stderr_is_the_journal(tmp_pa
 # and the argv runs once without it (the worker must not start) and once with it. Everything it started dies
 # with it: it is the namespace's init.
 JOURNALD_SCRIPT = textwrap.dedent("""
-    import json, os, subprocess, sys, time
+    import json, os, socket, subprocess, sys, time
     argv, canary, conf = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
     def run(*command):
         subprocess.run(command, check=True, capture_output=True, timeout=10)
@@ -169,12 +169,23 @@ JOURNALD_SCRIPT = textwrap.dedent("""
     result["without"] = [without.returncode, os.path.exists(canary), without.stderr.decode(errors="replace")]
     os.makedirs("/run/systemd/journal", exist_ok=True)
     journald = subprocess.Popen(["/lib/systemd/systemd-journald"], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+                                stderr=subprocess.PIPE)
+    def accepts():  # (the socket's file exists from its bind(), before journald listens on it)
+        probe = socket.socket(socket.AF_UNIX)
+        try:
+            probe.connect("/run/systemd/journal/stdout")
+        except OSError:
+            return False
+        finally:
+            probe.close()
+        return True
     deadline = time.monotonic() + 5
-    while not os.path.exists("/run/systemd/journal/stdout") and time.monotonic() < deadline:
+    while not accepts() and journald.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    if not os.path.exists("/run/systemd/journal/stdout"):
-        print(json.dumps({"skip": "journald did not start here"}))
+    if not accepts():
+        journald.kill()
+        why = journald.communicate()[1].decode(errors="replace").strip()[-300:]
+        print(json.dumps({"skip": f"journald did not start here (exit {journald.returncode}: {why})"}))
         sys.exit(0)
     worker = subprocess.run(argv, capture_output=True, timeout=10)
     result["with"] = [worker.returncode, worker.stdout.decode(), worker.stderr.decode()]
@@ -229,7 +240,7 @@ def test_a_worker_writes_to_its_own_journald_stream_at_info_and_never_starts_wit
     returncode, started, stderr = result["without"]
     assert returncode != 0 and not started, "without journald the worker must not start"
     assert "stream" in stderr  # systemd-cat says why, on elasticd's stderr
-    assert result["with"][:2] == [0, ""]  # nothing reached elasticd's side: it all went to journald
+    assert result["with"][:2] == [0, ""], result["with"][2]  # nothing on elasticd's side: it all went to journald
     pid = int(canary.read_text())
     assert (leaf / "cgroup.procs").read_text().strip() == str(pid)  # the same process all along the chain
     entries = {e["MESSAGE"]: e for e in result["entries"]}
