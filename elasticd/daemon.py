@@ -37,7 +37,7 @@ from elasticd.agent.rooms import AgentRooms
 from elasticd.api.server import AdminApi, SocketInUse
 from elasticd.background import Background
 from elasticd.cgroup.activation import Activation, CgroupRefused
-from elasticd.config import Config, ConfigError, PoolSettings, Quotas, Resources, Tenant, load_config
+from elasticd.config import Config, ConfigError, PoolSettings, Quotas, Resources, load_config
 from elasticd.config.notices import balancer_warnings, isolation_warnings, restart_only_changes
 from elasticd.front import Front, RouteTable, Upstream
 from elasticd.limits.overrides import effective
@@ -58,7 +58,7 @@ from elasticd.pool.sensing import in_process_tree
 from elasticd.probes.capacity_metrics import CapacityCollector
 from elasticd.probes.publish import RegistryPage, read_registry
 from elasticd.probes.wiring import CapacityWiring
-from elasticd.supervisor.sandbox import sandbox_for, tmp_dirs
+from elasticd.supervisor.sandbox import sandbox_for
 from elasticd.supervisor.spawn import channel_path
 from elasticd.supervisor.supervisor import Supervisor
 from elasticd.supervisor.worker import Worker
@@ -441,7 +441,8 @@ class Daemon:
             tenants[tenant.name] = {"limits": self.limits.describe(tenant.name), "apps": apps,
                                     "user": None if run_as is None else {"name": run_as.user, "uid": run_as.uid,
                                                                          "group": run_as.group, "gid": run_as.gid},
-                                    "isolation": describe_isolation(self.config, tenant)}
+                                    "isolation": (view.describe() if (view := sandbox_for(self.config, tenant))
+                                                  is not None else None)}
         last = self.last_reload
         return {
             "version": __version__,
@@ -542,17 +543,6 @@ class Daemon:
         await self.metrics.stop()
         self.sampler.close()
         log.info("stopped")
-
-
-def describe_isolation(config: Config, tenant: Tenant) -> dict[str, object] | None:
-    """A tenant's view as ``GET /v1/status`` tells it (None: its workers see the host as elasticd does)."""
-    view = sandbox_for(config, tenant)
-    if view is None:
-        return None
-    tmp, var_tmp = tmp_dirs(view.tmp)
-    return {"tool": "bubblewrap", "namespaces": ["mount", "pid"],
-            "read_write": [*view.roots, *view.read_write], "read_only": list(view.read_only), "tmp": tmp,
-            "var_tmp": var_tmp}
 
 
 def _quotas(config: Config) -> dict[str, Quotas]:

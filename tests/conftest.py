@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import os
 import pwd
+import secrets
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -61,3 +63,32 @@ def demo_users():
         for name in made:
             subprocess.run(["userdel", name], capture_output=True)
             subprocess.run(["groupdel", name], capture_output=True)  # gone with the user where USERGROUPS_ENAB
+
+
+@pytest.fixture
+def users():
+    """Throw-away system users, made on demand (``make()`` → name, uid, gid) and removed at the end."""
+    made: list[str] = []
+
+    def make() -> tuple[str, int, int]:
+        name = f"elt{secrets.token_hex(4)}"
+        subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        name], check=True, capture_output=True)
+        made.append(name)
+        out = subprocess.run(["id", "-u", name], check=True, capture_output=True, text=True).stdout
+        gid = subprocess.run(["id", "-g", name], check=True, capture_output=True, text=True).stdout
+        return name, int(out), int(gid)
+
+    yield make
+    for name in made:
+        subprocess.run(["userdel", name], capture_output=True)
+        subprocess.run(["groupdel", name], capture_output=True)  # gone with the user where USERGROUPS_ENAB
+
+
+@pytest.fixture
+def base():
+    """A directory under /tmp that other users may traverse (pytest's own tmp_path is root's alone, 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="elasticd-users-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -42,33 +39,6 @@ TENANT = """\
     isolation:
       writable: [{root}/uploads]
 """
-
-
-@pytest.fixture
-def users():
-    made: list[str] = []
-
-    def make() -> tuple[str, int, int]:
-        name = f"eli{secrets.token_hex(4)}"
-        subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                        name], check=True, capture_output=True)
-        made.append(name)
-        uid = int(subprocess.run(["id", "-u", name], check=True, capture_output=True, text=True).stdout)
-        gid = int(subprocess.run(["id", "-g", name], check=True, capture_output=True, text=True).stdout)
-        return name, uid, gid
-
-    yield make
-    for name in made:
-        subprocess.run(["userdel", name], capture_output=True)
-        subprocess.run(["groupdel", name], capture_output=True)
-
-
-@pytest.fixture
-def base():
-    path = Path(tempfile.mkdtemp(prefix="elasticd-iso-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _root(base: Path, name: str, uid: int, gid: int) -> Path:

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -67,33 +65,6 @@ TENANT = """\
             env: {{OTHER_ROOTS: "{others}"}}
             pool: {{min_workers: 1, max_workers: 1}}
 """
-
-
-@pytest.fixture
-def users():
-    made: list[str] = []
-
-    def make() -> tuple[str, int, int]:
-        name = f"elt{secrets.token_hex(4)}"
-        subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                        name], check=True, capture_output=True)
-        made.append(name)
-        out = subprocess.run(["id", "-u", name], check=True, capture_output=True, text=True).stdout
-        gid = subprocess.run(["id", "-g", name], check=True, capture_output=True, text=True).stdout
-        return name, int(out), int(gid)
-
-    yield make
-    for name in made:
-        subprocess.run(["userdel", name], capture_output=True)
-        subprocess.run(["groupdel", name], capture_output=True)  # gone with the user where USERGROUPS_ENAB
-
-
-@pytest.fixture
-def base():
-    path = Path(tempfile.mkdtemp(prefix="elasticd-users-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 # tenant: (its command, the files of tests/apps/isolation copied into its root: source -> name in the root)

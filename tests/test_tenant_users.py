@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import stat
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import urllib.request
 from pathlib import Path
 
@@ -61,33 +59,6 @@ TENANT = """\
             env: {{PYTHONPATH: "{pythonpath}"}}
     isolation: {{read_only: [{read_only}]}}
 """
-
-
-@pytest.fixture
-def users():
-    made: list[str] = []
-
-    def make() -> tuple[str, int, int]:
-        name = f"elt{secrets.token_hex(4)}"
-        subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                        name], check=True, capture_output=True)
-        made.append(name)
-        out = subprocess.run(["id", "-u", name], check=True, capture_output=True, text=True).stdout
-        gid = subprocess.run(["id", "-g", name], check=True, capture_output=True, text=True).stdout
-        return name, int(out), int(gid)
-
-    yield make
-    for name in made:
-        subprocess.run(["userdel", name], capture_output=True)
-        subprocess.run(["groupdel", name], capture_output=True)  # gone with the user where USERGROUPS_ENAB
-
-
-@pytest.fixture
-def base():
-    path = Path(tempfile.mkdtemp(prefix="elasticd-users-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _status_fields(pid: int) -> dict[str, str]:

@@ -116,6 +116,12 @@ class Sandbox:
                 ["--ro-bind", self.inaccessible, mask.path]
         return [*argv, "--chdir", cwd, "--"]
 
+    def describe(self) -> dict[str, object]:
+        """The view as ``GET /v1/status`` tells it (``tenants.<t>.isolation``)."""
+        tmp, var_tmp = tmp_dirs(self.tmp)
+        return {"tool": "bubblewrap", "namespaces": ["mount", "pid"], "read_write": [*self.roots, *self.read_write],
+                "read_only": list(self.read_only), "tmp": tmp, "var_tmp": var_tmp}
+
     def shows(self, path: str) -> bool:
         """Whether ``path`` is inside what the view binds from the host (a hidden path elsewhere needs no mask:
         it is absent, and a mask would only tell where it is)."""
