@@ -103,7 +103,7 @@ async def timed(session: aiohttp.ClientSession, url: str, rounds: int) -> tuple[
         latencies.append(time.perf_counter() - started)
         data = json.loads(body)
         population = data.get("population", data)
-        size, users = len(body), population["users"]
+        size, users = len(body), population["population"]
     return latencies, size, users
 
 

@@ -104,21 +104,60 @@ def render_status(status: dict[str, Any]) -> str:
                 # * the default group (new users), ~ the canary with its share, nothing: users finishing there
                 label = gname + ("*" if gname == app["default_group"] else
                                  f"~{canary['share']:.0%}" if canary and canary["group"] == gname else "")
-                users = str(group.get("users", "-"))
+                users = str(group.get("sticky_users", "-"))
                 if not group["workers"]:
                     rows.append([tname, runs_as, aname, label, users, "-", "-", "none (at zero)", "-", "-"])
                 for w in group["workers"]:
                     rows.append([tname, runs_as, aname, label, users, w["id"], str(w["pid"] or "-"), w["state"],
                                  _duration(w["uptime"]), str(w["restarts"])])
     out.append("")
-    out.append(table(["TENANT", "USER", "APP", "GROUP", "USERS", "WORKER", "PID", "STATE", "UPTIME", "RESTARTS"],
+    out.append(table(["TENANT", "USER", "APP", "GROUP", "STICKY USERS", "WORKER", "PID", "STATE", "UPTIME", "RESTARTS"],
                      rows) if rows else "no apps configured")
     out.append("GROUP: * new users go there, ~ the canary and its share of new users, bare: its users finish there")
+    out.append("STICKY USERS: the users the front routes to the group by their cookie (elasticctl population "
+               "counts every user, newcomers included)")
+    limits = render_limit_table(status["tenants"], enforced=bool(cg["enforced"]))
+    if limits:
+        out.append("")
+        out.extend(limits)
     views = [[tname, _isolation(tenant.get("isolation"))] for tname, tenant in status["tenants"].items()]
     if views:
         out.append("")
         out.append(table(["TENANT", "ISOLATION"], views))
     return "\n".join(out)
+
+
+# The limits table's columns: (header, the limit's name in GET /v1/status's "limits")
+_LIMIT_COLUMNS = (("CPU", "cpu"), ("MEMORY", "memory"), ("SWAP", "swap"), ("PIDS", "pids"), ("IO WEIGHT", "io_weight"),
+                  ("IO READ", "io_bandwidth.read"), ("IO WRITE", "io_bandwidth.write"))
+
+
+def render_limit_table(tenants: dict[str, Any], enforced: bool) -> list[str]:
+    """Each tenant's limits in force, an override marked *, then a line per override naming the config's value
+    beneath it (what ``elasticctl limit TENANT --clear`` goes back to)."""
+    rows, overrides = [], []
+    for tname, tenant in tenants.items():
+        limits = tenant.get("limits") or {}
+        row = [tname]
+        for _header, name in _LIMIT_COLUMNS:
+            limit = limits.get(name)
+            if limit is None:
+                row.append("-")
+                continue
+            override = limit.get("source") == "override"
+            row.append(f"{limit['value']}{'*' if override else ''}")
+            if override:
+                overrides.append(f"  {tname} {name}: {limit['value']} (the config says {limit.get('config')})")
+        rows.append(row)
+    if not rows:
+        return []
+    out = [table(["LIMITS", *(header for header, _name in _LIMIT_COLUMNS)], rows)]
+    if not enforced:
+        out.append("(not enforced: cgroups are off here; these are what elasticd would write)")
+    if overrides:
+        out.append("* an override until elasticd restarts (elasticctl limit TENANT --clear goes back to the config):")
+        out.extend(overrides)
+    return out
 
 
 def _isolation(view: dict[str, Any] | None) -> str:
@@ -266,9 +305,9 @@ def render_pool(data: dict[str, Any]) -> str:
             parts = " ".join(f"{k}={v:.2f}" for k, v in sorted(w["components"].items()))
             rps = f"{w['rates']['rps']:.1f}" if w["rates"] else "-"
             rows.append([w["id"], str(w["pid"] or "-"), w["state"], role, f"{w['occupancy']:.2f}", parts or "-",
-                         rps, str(len(w["users"])), "channel" if w["announced"] else "sensed",
+                         rps, str(len(w["sticky_users"])), "channel" if w["announced"] else "sensed",
                          capacity_text(w.get("capacity"))])
-        out.append(table(["WORKER", "PID", "STATE", "ROLE", "OCC", "COMPONENTS", "RPS", "USERS", "SENSOR",
+        out.append(table(["WORKER", "PID", "STATE", "ROLE", "OCC", "COMPONENTS", "RPS", "STICKY USERS", "SENSOR",
                           "CAPACITY"], rows))
         for m in group.get("moves", []):
             out.append(f"moving {m['user']} from {m['from']} to {m['to']}: {m['step']} for {m['seconds']:.1f}s")

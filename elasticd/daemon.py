@@ -46,7 +46,7 @@ from elasticd.metrics import MetricsServer
 from elasticd.monitor.auth import read_credentials
 from elasticd.monitor.census import ask_all
 from elasticd.monitor.page import MonitorPage
-from elasticd.monitor.population import fuse
+from elasticd.monitor.population import fuse, population_counts
 from elasticd.pool.budget import CPU_SAMPLES, UNLIMITED, Budget, budget_of, enforced
 from elasticd.pool.channel import ChannelServer
 from elasticd.pool.channel_metrics import ChannelCollector
@@ -387,8 +387,7 @@ class Daemon:
         answers = await ask_all(self.channel, workers)
         surface = self.front.surface
         rows = fuse(answers, list(surface.users.items()), self.front.clock(), surface.newcomers.snapshot())
-        return {"tenant": tenant, "app": app, "users": sum(1 for r in rows if "error" not in r),
-                "errors": sum(1 for r in rows if "error" in r), "rows": rows}
+        return {"tenant": tenant, "app": app, **population_counts(rows), "rows": rows}
 
     async def monitor_state(self, app: str | None) -> dict[str, Any]:
         """The monitor page's state (GET /monitor/state): the apps, and for one of them (the first when None)
@@ -431,7 +430,7 @@ class Daemon:
                     "leaf": self.cgroups.leaf(tenant.name, app.name),
                     "default_group": app.default_group,
                     "groups": {g: {"workers": workers.get((tenant.name, app.name, g), []),
-                                   "users": users.get((f"{tenant.name}/{app.name}", g), 0),
+                                   "sticky_users": users.get((f"{tenant.name}/{app.name}", g), 0),
                                    "active": g in app.active_groups}
                                for g in app.groups},
                     "canary": None if app.canary is None else {"group": app.canary.group,

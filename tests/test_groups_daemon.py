@@ -74,7 +74,7 @@ def test_a_ten_percent_canary_gets_about_a_tenth_of_new_users_and_each_stays(dae
     assert (f'elasticd_group_routing_total{{app="shop",group="green",reason="default",tenant="acme"}} '
             f'{200 - on_canary}.0') in metrics
     groups = d.status()["tenants"]["acme"]["apps"]["shop"]["groups"]
-    assert groups["blue"]["users"] == on_canary and groups["green"]["users"] == 200 - on_canary
+    assert groups["blue"]["sticky_users"] == on_canary and groups["green"]["sticky_users"] == 200 - on_canary
 
 
 SWITCH = """\
@@ -119,18 +119,19 @@ def test_a_blue_green_switch_keeps_placed_users_and_the_old_group_empties_out(da
         _, body, _ = browse(d, "/", cookie)
         assert _worker_of(body) == "acme.shop.green.1", body
     groups = d.status()["tenants"]["acme"]["apps"]["shop"]["groups"]
-    assert groups["green"]["users"] == 6 and groups["blue"]["users"] == 1 and not groups["green"]["active"]
+    assert groups["green"]["sticky_users"] == 6 and groups["blue"]["sticky_users"] == 1
+    assert not groups["green"]["active"]
     for cookie in users:  # they log out: chosen again at their next request, they go to blue
         browse(d, "/logout", cookie)
         _, body, _ = browse(d, "/", cookie)
         assert body.startswith("blue\n"), body
     # The guest is still on green: green keeps its worker for it.
     groups = d.status()["tenants"]["acme"]["apps"]["shop"]["groups"]
-    assert groups["green"]["users"] == 1 and _running(groups, "green") == 1
+    assert groups["green"]["sticky_users"] == 1 and _running(groups, "green") == 1
     _, body, _ = browse(d, "/logout", guest)
     browse(d, "/", guest)
     groups = _wait_status(d, lambda g: not g["green"]["workers"], "green back to zero once its last user left")
-    assert groups["blue"]["users"] == 7
+    assert groups["blue"]["sticky_users"] == 7
 
 
 LAZY = """\

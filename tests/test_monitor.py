@@ -200,9 +200,9 @@ POOL = {"tenant": "acme", "app": "shop", "groups": {"green": {
     "workers": [
         {"id": "acme.shop.green.1", "state": "running", "reception": True, "draining": False, "spawning": False,
          "occupancy": 0.75, "components": {"cpu": 0.75, "executor": 0.25}, "history": [0.5, 1.0],
-         "rates": {"rps": 12.5}, "users": [{}, {}]},
+         "rates": {"rps": 12.5}, "sticky_users": [{}, {}]},
         {"id": "acme.shop.green.2", "state": "starting", "reception": False, "draining": False, "spawning": True,
-         "occupancy": 0.0, "components": {}, "history": [], "rates": None, "users": []}]}}}
+         "occupancy": 0.0, "components": {}, "history": [], "rates": None, "sticky_users": []}]}}}
 
 
 def test_the_watch_view_draws_a_bar_per_worker():
@@ -219,12 +219,13 @@ def test_the_watch_view_draws_a_bar_per_worker():
 
 
 def test_the_population_table():
-    data = {"tenant": "acme", "app": "shop", "rows": [
+    data = {"tenant": "acme", "app": "shop", "population": 1, "sticky_users": 1, "register_only_users": 0, "rows": [
         {"user": "aaaaaaaa", "login": "alice", "worker": "w1", "requests": 3, "seconds": 0.3, "recent_requests": 1,
          "recent_seconds": 0.1, "pages": None, "connections": 1, "idle": 75.0},
         {"worker": "w2", "group": "green", "error": "unreachable"}]}
     text = render_population(data).splitlines()
-    assert text[0] == "acme/shop: 1 user, 1 worker not answering"
+    assert text[0] == ("acme/shop: population 1 (1 sticky, routed by their cookie; 0 only in a worker's register: "
+                       "newcomers not back with their cookie yet), 1 worker not answering")
     assert text[1].split() == ["USER", "LOGIN", "WORKER", "REQUESTS", "SECONDS", "LAST", "30S", "PAGES", "CONNS",
                                "LAST", "SEEN"]
     assert text[2].split() == ["aaaaaaaa", "alice", "w1", "3", "0.300", "1/0.100s", "-", "1", "1m15s", "ago"]

@@ -82,8 +82,20 @@ def test_population_fuses_consumption_with_each_workers_register(daemons, tmp_pa
         assert row["connections"] == 0 and row["idle"] < 30
     assert users[cookie[:8]]["pages"] == 3
     assert all(users[u]["pages"] is None for u in made if u != cookie[:8])  # not reported: None, not 0
+    # Two counts, two names: the population (every user, the one that never came back with its cookie included)
+    # and the sticky users among them, which are what status counts per group; "users" alone is neither.
+    once = next(user for user, n in made.items() if n == 1)
+    assert not users[once]["on_surface"] and all(users[u]["on_surface"] for u in made if u != once)
+    sticky = sum(1 for row in users.values() if row["on_surface"])
+    assert (population["population"], population["sticky_users"], population["register_only_users"]) == \
+        (len(users), sticky, len(users) - sticky)
+    status = json.loads(d.ctl("status", "--json").stdout)
+    green = status["tenants"]["acme"]["apps"]["shop"]["groups"]["green"]
+    assert green["sticky_users"] == sticky and "users" not in green and "users" not in population
     table = d.ctl("population", "acme/shop")
-    assert table.returncode == 0 and f"{len(users)} users" in table.stdout and cookie[:8] in table.stdout
+    assert table.returncode == 0 and cookie[:8] in table.stdout
+    assert table.stdout.startswith(f"acme/shop: population {len(users)} ({sticky} sticky, routed by their cookie; "
+                                   f"{len(users) - sticky} only in a worker's register")
 
     # One worker stopped: an error row, in the monitor's time; the other answers as before.
     os.kill(other["pid"], signal.SIGSTOP)

@@ -21,7 +21,8 @@ from typing import Any, Protocol
 
 from elasticd.front.core.consumption import EPOCHS, epoch_of
 
-__all__ = ["ID_SHOWN", "RegisterError", "RegisterRow", "SurfaceView", "WorkerAnswer", "fuse", "parse_register"]
+__all__ = ["ID_SHOWN", "RegisterError", "RegisterRow", "SurfaceView", "WorkerAnswer", "fuse", "parse_register",
+           "population_counts"]
 
 ID_SHOWN = 8  # hex digits of a user id a row shows
 
@@ -163,3 +164,16 @@ def fuse(answers: Sequence[WorkerAnswer], surface: Iterable[tuple[str, SurfaceVi
         worker_rows.sort(key=lambda row: row["idle"])
         rows.extend(worker_rows)
     return rows
+
+
+def population_counts(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """The population's counts, each named for what it counts (a bare "users" meant two things: the front's sticky
+    users in ``status`` and ``pool``, every row here). ``population``: every user a worker holds or the front
+    routes; ``sticky_users``: of them, those the front routes by their cookie (what ``status`` counts per group);
+    ``register_only_users``: those only a worker's register knows, newcomers that have not come back with their
+    cookie yet (a client without a cookie jar is one per request) or users the front forgot; ``errors``: workers
+    that did not answer."""
+    users = [row for row in rows if "error" not in row]
+    sticky = sum(1 for row in users if row["on_surface"])
+    return {"population": len(users), "sticky_users": sticky, "register_only_users": len(users) - sticky,
+            "errors": len(rows) - len(users)}

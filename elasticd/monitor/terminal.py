@@ -43,10 +43,10 @@ def capacity_text(capacity: dict[str, Any] | None) -> str:
 
 def render_nodes(name: str, group: dict[str, Any]) -> list[str]:
     """A nodes: group: HTTP upstreams routed, sticky and admitted like workers, never spawned."""
-    rows = [[n["id"], n["address"], "routable" if n["routable"] else "unreachable", str(n["open"]), str(n["users"]),
-             capacity_text(n.get("capacity"))] for n in group["workers"]]
+    rows = [[n["id"], n["address"], "routable" if n["routable"] else "unreachable", str(n["open"]),
+             str(n["sticky_users"]), capacity_text(n.get("capacity"))] for n in group["workers"]]
     return [f"group {name}: {len(rows)} node{'s' if len(rows) != 1 else ''} (not started by elasticd)",
-            *_table(["NODE", "ADDRESS", "STATE", "OPEN", "USERS", "CAPACITY"], rows)]
+            *_table(["NODE", "ADDRESS", "STATE", "OPEN", "STICKY USERS", "CAPACITY"], rows)]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -79,10 +79,10 @@ def render_watch(data: dict[str, Any], at: str, interval: float, bar_width: int 
             components = " ".join(f"{k} {bar(v, 5)} {v:4.0%}" for k, v in sorted(w["components"].items()))
             rps = f"{w['rates']['rps']:.1f}" if w["rates"] else "-"
             rows.append([w["id"], w["state"], _role(w), f"{bar(w['occupancy'], bar_width)} {w['occupancy']:4.0%}",
-                         components or "-", sparkline(w["history"]), rps, str(len(w["users"])),
+                         components or "-", sparkline(w["history"]), rps, str(len(w["sticky_users"])),
                          capacity_text(w.get("capacity"))])
         out.extend("  " + line for line in _table(
-            ["WORKER", "STATE", "ROLE", "OCCUPANCY", "COMPONENTS", "HISTORY", "RPS", "USERS", "CAPACITY"], rows))
+            ["WORKER", "STATE", "ROLE", "OCCUPANCY", "COMPONENTS", "HISTORY", "RPS", "STICKY USERS", "CAPACITY"], rows))
         for m in group.get("moves", []):
             out.append(f"  moving {m['user']} from {m['from']} to {m['to']}: {m['step']} for {m['seconds']:.1f}s")
         for d in group["decisions"][-5:]:
@@ -107,7 +107,9 @@ def render_population(data: dict[str, Any]) -> str:
              f"{r['recent_requests']}/{r['recent_seconds']:.3f}s", "-" if r["pages"] is None else str(r["pages"]),
              "-" if r["connections"] is None else str(r["connections"]), _seconds(r["idle"]) + " ago"]
             for r in users]
-    out = [f"{data['tenant']}/{data['app']}: {len(users)} user{'s' if len(users) != 1 else ''}"
+    out = [f"{data['tenant']}/{data['app']}: population {data['population']} ({data['sticky_users']} sticky, "
+           f"routed by their cookie; {data['register_only_users']} only in a worker's register: newcomers not back "
+           "with their cookie yet)"
            + (f", {len(errors)} worker{'s' if len(errors) != 1 else ''} not answering" if errors else "")]
     if rows:
         out.extend(_table(["USER", "LOGIN", "WORKER", "REQUESTS", "SECONDS", "LAST 30S", "PAGES", "CONNS",

@@ -697,7 +697,7 @@ class PoolManager:
                     "history": [round(v, 3) for v in history_of(rows, entry.pool.memory_limit, entry.wall)],
                     "rates": None if rates is None else {"rps": round(rates.rps, 3), "latency": rates.latency,
                                                          "error_rate": round(rates.error_rate, 3)},
-                    "users": users_of(worker.id),
+                    "sticky_users": users_of(worker.id),
                     # Its latest reading as reported (or sensed): what is not measured is absent or None.
                     "last_report": _report_json(rows[-1].report) if rows else None,
                 })

@@ -155,7 +155,8 @@ class CapacityWiring:
                 "nodes": True, "active": group.name in config.tenants[tenant].apps[app].active_groups,
                 "workers": [{"id": upstream.worker_id, "address": upstream.socket_path, "state": "node",
                              "routable": upstream.worker_id not in self._front.unroutable,
-                             "open": open_by.get(upstream.worker_id, 0), "users": users.get(upstream.worker_id, 0),
+                             "open": open_by.get(upstream.worker_id, 0),
+                             "sticky_users": users.get(upstream.worker_id, 0),
                              "capacity": self.state.describe(upstream.worker_id)}
                             for upstream in self.nodes.get(key, [])],
             }

@@ -126,7 +126,7 @@ def s_blue_green() -> tuple[str, dict[str, Any]]:
         _visit("/logout", cookie)
         greeting, _ = _visit("/", cookie)
         check(greeting == "blue", f"user{n} after its logout was answered by {greeting!r}, not blue")
-        emptying.append(_groups()["green"]["users"])
+        emptying.append(_groups()["green"]["sticky_users"])
     check(emptying == list(range(USERS - 1, -1, -1)), f"green's users as they logged out: {emptying}")
     began = time.monotonic()
     zero = wait_for(lambda: _groups_when(lambda g: not g["green"]["workers"]), 60, 0.5)

@@ -83,7 +83,7 @@ def _decision_counts() -> dict[str, int]:
 
 
 def _users_by_worker(group: dict[str, Any]) -> dict[str, list[str]]:
-    return {w["id"]: sorted(u["login"] or u["user"] for u in w["users"]) for w in group["workers"]}
+    return {w["id"]: sorted(u["login"] or u["user"] for u in w["sticky_users"]) for w in group["workers"]}
 
 
 def _story(began_wall: float) -> str:

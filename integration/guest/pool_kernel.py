@@ -126,7 +126,7 @@ def _brief(group: dict[str, Any]) -> dict[str, Any]:
     """The pool JSON without its journal, for details and failure messages."""
     return {"cpu_wall": group.get("cpu_wall"), "held": group.get("held"),
             "workers": [{k: w.get(k) for k in ("id", "pid", "state", "occupancy", "components")} |
-                        {"users": len(w.get("users", []))} for w in group["workers"]]}
+                        {"users": len(w.get("sticky_users", []))} for w in group["workers"]]}
 
 
 class LongRequest(threading.Thread):
