@@ -49,10 +49,21 @@ class AdminClient:
                 except (json.JSONDecodeError, aiohttp.ContentTypeError):
                     data = {"error": (await response.text()).strip()}
                 return response.status, data
+        except aiohttp.ClientConnectorError as exc:
+            # aiohttp's own text ("Cannot connect to unix socket … ssl:default [Errno 2] …") says more about aiohttp
+            # than about elasticd: the OS's reason, and what to do about it.
+            reason = exc.os_error.strerror or str(exc.os_error)
+            raise ApiError(f"cannot reach elasticd on {self.socket_path}: {reason} ({_hint(exc.os_error)})") from None
         except (aiohttp.ClientConnectionError, FileNotFoundError, PermissionError) as exc:
             raise ApiError(f"cannot reach elasticd on {self.socket_path}: {exc}") from None
         except TimeoutError:
             raise ApiError(f"elasticd on {self.socket_path} did not answer within {self.timeout:g}s") from None
+
+
+def _hint(error: OSError) -> str:
+    if isinstance(error, PermissionError):
+        return "the socket is root's, or server.admin_group's: run as root or as a member"
+    return "is elasticd running? --socket PATH or $ELASTIC_ADMIN_SOCKET names another socket"
 
 
 # ---------------------------------------------------------------------- rendering
@@ -206,6 +217,8 @@ def render_limits(data: dict[str, Any]) -> str:
 
 
 async def _limit(client: AdminClient, args: argparse.Namespace) -> int:
+    if args.clear is not None:
+        return await _clear(client, args)
     body: dict[str, Any] = {}
     for key in ("cpu", "memory", "io_weight"):
         if getattr(args, key) is not None:
@@ -225,6 +238,27 @@ async def _limit(client: AdminClient, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _clear(client: AdminClient, args: argparse.Namespace) -> int:
+    query = f"?limits={','.join(args.clear)}" if args.clear else ""
+    code, data = await client.request("DELETE", f"/v1/tenants/{args.tenant}/limits{query}")
+    if code != 200:
+        print(f"limit --clear refused: {data.get('error') or f'HTTP {code}'}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        cleared = data.get("cleared") or []
+        print((f"cleared {', '.join(cleared)}: back to the config" if cleared else
+               "no override to clear: the limits already are the config's") + "\n" + render_limits(data))
+    for problem in data.get("problems", []):
+        print(f"warning: {problem}", file=sys.stderr)
+    return 0
+
+
+# elasticctl limit --clear's names (the API's, with "-" as the options spell them)
+CLEARABLE = ("cpu", "memory", "io-weight", "io-read", "io-write")
+
+
 def _limit_parser(sub: Any) -> None:
     limit = sub.add_parser("limit", help="override a tenant's limits now (--persist: also in the config file)")
     limit.add_argument("tenant")
@@ -235,13 +269,21 @@ def _limit_parser(sub: Any) -> None:
     limit.add_argument("--io-write", dest="io_write", metavar="RATE", help='bytes per second, e.g. 20M, or "max"')
     limit.add_argument("--persist", action="store_true",
                        help="write the values into the config file (previous kept as .bak.<time>) and reload")
+    limit.add_argument("--clear", nargs="*", metavar="LIMIT", choices=CLEARABLE,
+                       help="clear the overrides (all, or these: cpu memory io-weight io-read io-write), back to the "
+                            "config's values; the file is not touched")
     limit.add_argument("--json", action="store_true")
     limit.set_defaults(run=_limit, check=_check_limit)
 
 
 def _check_limit(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    values = [k for k in ("cpu", "memory", "io_weight", "io_read", "io_write") if getattr(args, k) is not None]
+    if args.clear is not None:
+        if values or args.persist:
+            p.error("limit: --clear goes back to the config's values: give it no values and no --persist")
+        return
     if all(getattr(args, k) is None for k in ("cpu", "memory", "io_weight", "io_read", "io_write")):
-        p.error("limit: give at least one of --cpu, --memory, --io-weight, --io-read, --io-write")
+        p.error("limit: give at least one of --cpu, --memory, --io-weight, --io-read, --io-write (or --clear)")
 
 
 async def _high(client: AdminClient, args: argparse.Namespace) -> int:

@@ -356,6 +356,9 @@ class Daemon:
     async def set_limits(self, tenant: str, body: Any) -> LimitsReply:
         return await self.limits.set(tenant, body)
 
+    async def clear_limits(self, tenant: str, names: str | None) -> LimitsReply:
+        return await self.limits.clear(tenant, names)
+
     async def drain(self, worker_id: str) -> dict[str, Any]:
         """POST /v1/workers/{worker}/drain: KeyError for no such worker, ValueError when it is draining."""
         result = await self.pool.drain(worker_id)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import json
+
+from elasticd.ctl import AdminClient
 
 TENANTS = """\
 tenants:
@@ -44,6 +47,42 @@ def test_override_applies_at_once_survives_reload_and_ends_with_restart(daemons,
     d.restart()
     assert cpu_max(d) == "150000 100000"  # a restart does
     assert d.status()["tenants"]["acme"]["limits"]["cpu"] == {"value": "150%", "source": "config"}
+
+
+def test_clear_goes_back_to_the_config_at_once_and_names_what_went(daemons, tmp_path):
+    d = daemons(TENANTS.format(root=tmp_path))
+    d.start()
+    before = d.config_path.read_bytes()
+    memory = d.cgroup / "tenants" / "acme" / "memory.max"
+    assert d.ctl("limit", "acme", "--cpu", "10%", "--memory", "256M", "--io-read", "5M").returncode == 0
+    assert (cpu_max(d), memory.read_text().strip()) == ("10000 100000", str(256 * 1024**2))
+
+    one = d.ctl("limit", "acme", "--clear", "cpu", "--json")  # only the CPU
+    assert one.returncode == 0, one.stderr
+    reply = json.loads(one.stdout)
+    assert reply["cleared"] == ["cpu"] and reply["limits"]["cpu"] == {"value": "150%", "source": "config"}
+    assert reply["limits"]["memory"] == {"value": "256M", "source": "override", "config": "1G"}
+    assert (cpu_max(d), memory.read_text().strip()) == ("150000 100000", str(256 * 1024**2))
+    assert "50%*" not in d.ctl("status").stdout and "acme memory: 256M (the config says 1G)" in d.ctl("status").stdout
+
+    rest = d.ctl("limit", "acme", "--clear")  # everything left
+    assert rest.returncode == 0, rest.stderr
+    assert rest.stdout.startswith("cleared memory, io_read: back to the config")
+    assert memory.read_text().strip() == str(1024**3)
+    limits = d.status()["tenants"]["acme"]["limits"]
+    assert all(limit["source"] == "config" for limit in limits.values()), limits
+    again = d.ctl("limit", "acme", "--clear", "memory")
+    assert again.returncode == 0 and again.stdout.startswith("no override to clear")
+    d.reload()
+    assert memory.read_text().strip() == str(1024**3)  # a reload does not bring a cleared override back
+    assert d.config_path.read_bytes() == before  # and the file was never touched
+
+    unknown = d.ctl("limit", "nobody", "--clear")
+    assert unknown.returncode == 1 and 'no tenant "nobody"' in unknown.stderr
+    assert d.ctl("limit", "acme", "--clear", "swap").returncode == 2  # not a limit an override sets
+    assert d.ctl("limit", "acme", "--clear", "--cpu", "5%").returncode == 2
+    code, body = asyncio.run(AdminClient(str(d.admin)).request("DELETE", "/v1/tenants/acme/limits?limits=cpu,swap"))
+    assert code == 400 and body["error"].startswith('limits: "swap" is not a limit an override can set')
 
 
 def test_persist_changes_only_that_line_and_survives_restart(daemons, tmp_path):

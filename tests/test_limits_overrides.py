@@ -3,7 +3,13 @@ from __future__ import annotations
 import pytest
 
 from elasticd.config import ConfigError, Resources
-from elasticd.limits.overrides import describe, effective, parse_limit_request
+from elasticd.limits.overrides import (
+    clear_overrides,
+    describe,
+    effective,
+    parse_clear_request,
+    parse_limit_request,
+)
 
 
 @pytest.mark.parametrize(("body", "values", "persist"), [
@@ -60,3 +66,41 @@ def test_effective_and_describe():
     assert shown["io_weight"] == {"value": "default 100", "source": "config"}
     assert shown["io_bandwidth.write"] == {"value": "1M", "source": "override", "config": "max"}
     assert shown["swap"] == {"value": "0", "source": "config"}
+
+
+@pytest.mark.parametrize(("query", "names"), [
+    (None, None),
+    ("", None),
+    ("  ", None),
+    ("cpu", {"cpu"}),
+    ("cpu,memory", {"cpu", "memory"}),
+    ("io-read, io_write", {"io_read", "io_write"}),  # elasticctl's spelling and the API's
+    ("io_weight,io_weight", {"io_weight"}),
+])
+def test_the_clear_query_names_overridable_limits(query, names):
+    assert parse_clear_request(query) == (None if names is None else frozenset(names))
+
+
+@pytest.mark.parametrize(("query", "expected"), [
+    ("swap", 'limits: "swap" is not a limit an override can set (expected any of: cpu, memory, io_weight, io_read, '
+             "io_write)"),
+    ("cpu,,memory", 'limits: "" is not a limit an override can set'),
+    ("cpu,bogus", 'limits: "bogus" is not a limit'),
+])
+def test_an_unknown_name_to_clear_is_refused_naming_it(query, expected):
+    with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        parse_clear_request(query)
+
+
+OVERRIDE = {"cpu": 10.0, "memory": 512, "io_read": 1024}
+
+
+@pytest.mark.parametrize(("names", "remaining", "cleared"), [
+    (None, {}, ["cpu", "memory", "io_read"]),  # all, in the table's order
+    (frozenset({"cpu"}), {"memory": 512, "io_read": 1024}, ["cpu"]),
+    (frozenset({"memory", "io_read"}), {"cpu": 10.0}, ["memory", "io_read"]),
+    (frozenset({"io_write"}), OVERRIDE, []),  # no override there: nothing to clear, no error
+])
+def test_clearing_takes_away_exactly_the_named_overrides(names, remaining, cleared):
+    assert clear_overrides(OVERRIDE, names) == (remaining, cleared)
+    assert clear_overrides({}, names) == ({}, [])

@@ -40,6 +40,7 @@ class Control(Protocol):
     def status(self) -> dict[str, Any]: ...
     async def reload(self) -> ReloadOutcome: ...
     async def set_limits(self, tenant: str, body: Any) -> LimitsOutcome: ...
+    async def clear_limits(self, tenant: str, names: str | None) -> LimitsOutcome: ...
     async def usage(self, interval_ms: int, apps: bool) -> dict[str, Any]: ...
     def pool_state(self, tenant: str, app: str) -> dict[str, Any]: ...
     async def population(self, tenant: str, app: str) -> dict[str, Any]: ...
@@ -66,6 +67,7 @@ class AdminApi:
         app.router.add_get("/v1/tenants", self._tenants)
         app.router.add_get("/v1/tenants/usage", self._usage)
         app.router.add_post("/v1/tenants/{tenant}/limits", self._set_limits)
+        app.router.add_delete("/v1/tenants/{tenant}/limits", self._clear_limits)
         app.router.add_get("/v1/apps/{tenant}/{app}/pool", self._pool)
         app.router.add_get("/v1/apps/{tenant}/{app}/population", self._population)
         app.router.add_post("/v1/workers/{worker}/drain", self._drain)
@@ -150,6 +152,11 @@ class AdminApi:
         except ValueError as exc:
             return web.json_response({"error": f"body: not JSON: {exc}"}, status=400)
         outcome = await self._control.set_limits(request.match_info["tenant"], body)
+        return web.json_response(outcome.body, status=outcome.status)
+
+    async def _clear_limits(self, request: web.Request) -> web.Response:
+        """?limits=cpu,memory clears those overrides; no query clears them all."""
+        outcome = await self._control.clear_limits(request.match_info["tenant"], request.query.get("limits"))
         return web.json_response(outcome.body, status=outcome.status)
 
     async def _reload(self, request: web.Request) -> web.Response:

@@ -2,7 +2,9 @@
 
 Pure. A request body is validated with the config's own field table (``RESOURCE_FIELDS``), so "50%" or
 "512M" mean exactly what they mean in the file and a bad value gets the same message. Overrides live in the
-daemon's memory on top of the config: ``effective`` merges them, ``describe`` shows both layers.
+daemon's memory on top of the config: ``effective`` merges them, ``describe`` shows both layers,
+``clear_overrides`` takes some or all of them away again (``DELETE``, systemctl revert's idea: back to what the
+file says).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Any
 from elasticd.config import RESOURCE_FIELDS, ConfigError, ConfigIssue, Resources
 from elasticd.config.units import UnitError, format_size
 
-__all__ = ["OVERRIDABLE", "LimitRequest", "describe", "effective", "format_limit", "parse_limit_request"]
+__all__ = ["OVERRIDABLE", "LimitRequest", "clear_overrides", "describe", "effective", "format_limit",
+           "parse_clear_request", "parse_limit_request"]
 
 # ADR-0010: cpu, memory, io_weight and io_bandwidth can be overridden at run time.
 OVERRIDABLE = ("cpu", "memory", "io_weight", "io_read", "io_write")
@@ -95,3 +98,29 @@ def describe(resources: Resources, override: Mapping[str, Any]) -> dict[str, dic
         else:
             shown[field.name] = {"value": configured, "source": "config"}
     return shown
+
+
+def parse_clear_request(text: str | None) -> frozenset[str] | None:
+    """The ``limits`` query of ``DELETE /v1/tenants/{tenant}/limits``: absent or empty → None (every override);
+    else names of OVERRIDABLE, comma-separated (elasticctl's spelling with "-" too: io-read). ConfigError naming
+    each unknown one."""
+    if text is None or not text.strip():
+        return None
+    names, issues = set(), []
+    for word in text.split(","):
+        name = word.strip().replace("-", "_")
+        if name in OVERRIDABLE:
+            names.add(name)
+        else:
+            issues.append(ConfigIssue("limits", None, f'"{word.strip()}" is not a limit an override can set '
+                                      f"(expected any of: {', '.join(OVERRIDABLE)})"))
+    if issues:
+        raise ConfigError(issues)
+    return frozenset(names)
+
+
+def clear_overrides(override: Mapping[str, Any], names: frozenset[str] | None) -> tuple[dict[str, Any], list[str]]:
+    """(the overrides that remain, the names cleared, in OVERRIDABLE's order). Naming a limit that has no override
+    is no error: it is already what the config says."""
+    cleared = [name for name in OVERRIDABLE if name in override and (names is None or name in names)]
+    return {k: v for k, v in override.items() if k not in cleared}, cleared

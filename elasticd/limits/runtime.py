@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from elasticd.cgroup.discovery import parse_proc_cgroup
 from elasticd.config import Config, ConfigError
-from elasticd.limits.overrides import describe, effective, parse_limit_request
+from elasticd.limits.overrides import clear_overrides, describe, effective, parse_clear_request, parse_limit_request
 from elasticd.limits.persist import LimitEdit, PersistError, persist_limits
 
 __all__ = ["LimitsReply", "RuntimeLimits", "systemd_unit"]
@@ -77,6 +77,29 @@ class RuntimeLimits:
             log.info("tenant %s: limits overridden until elasticd restarts: %s", tenant,
                      ", ".join(f"{k}={v}" for k, v in request.typed.items()))
             return LimitsReply(200, self._reply(tenant, problems, persisted=False))
+
+    async def clear(self, tenant: str, names: str | None) -> LimitsReply:
+        """Take overrides away (``names``: the ``limits`` query; None or empty: all of them) and write the
+        config's values to the tenant's cgroup at once. The file is never touched: a persisted value is the file's.
+        """
+        try:
+            chosen = parse_clear_request(names)
+        except ConfigError as exc:
+            return LimitsReply(400, {"error": str(exc)})
+        if tenant not in self._config().tenants:
+            return LimitsReply(404, {"error": f'no tenant "{tenant}" in the running configuration'})
+        async with self._lock:
+            remaining, cleared = clear_overrides(self.overrides.get(tenant, {}), chosen)
+            if remaining:
+                self.overrides[tenant] = remaining
+            else:
+                self.overrides.pop(tenant, None)
+            problems = self._write(tenant) if cleared else []
+            if cleared:
+                log.info("tenant %s: overrides cleared, back to the config: %s", tenant, ", ".join(cleared))
+            body = self._reply(tenant, problems, persisted=False)
+            body["cleared"] = cleared
+            return LimitsReply(200, body)
 
     async def _persist(self, tenant: str, typed: Mapping[str, Any], attrs: frozenset[str]) -> LimitsReply:
         fields: dict[str, Any] = {k: (v if k == "io_weight" else str(v)) for k, v in typed.items()}
