@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticd import __version__
+from elasticd.accounting.process_trees import MEASURED_BY_TREES, read_process_trees
 from elasticd.accounting.sampler import Sampler
 from elasticd.accounting.usage import measure
 from elasticd.agent.listener import AgentListener
@@ -37,7 +38,7 @@ from elasticd.agent.rooms import AgentRooms
 from elasticd.api.server import AdminApi, SocketInUse
 from elasticd.background import Background
 from elasticd.cgroup.activation import Activation, CgroupRefused
-from elasticd.config import Config, ConfigError, PoolSettings, Quotas, Resources, load_config
+from elasticd.config import App, Config, ConfigError, PoolSettings, Quotas, Resources, Tenant, load_config
 from elasticd.config.notices import balancer_warnings, isolation_warnings, restart_only_changes
 from elasticd.front import Front, RouteTable, Upstream
 from elasticd.limits.overrides import effective
@@ -405,18 +406,30 @@ class Daemon:
         return state
 
     async def usage(self, interval_ms: int, apps: bool) -> dict[str, Any]:
-        """Two reads of the tenant groups, ``interval_ms`` apart (GET /v1/tenants/usage)."""
+        """Two reads of the tenant groups, ``interval_ms`` apart (GET /v1/tenants/usage); without cgroups, of
+        the tenants' worker process trees, and the report says so."""
         tree, config = self.cgroups.tree, self.config
         if tree is None:
+            trees = {
+                tenant.name: (tuple(pid for app in tenant.apps.values() for pid in self._worker_pids(tenant, app)),
+                              self.limits.resources_of(tenant.name),
+                              {app.name: self._worker_pids(tenant, app) for app in tenant.apps.values()})
+                for tenant in config.tenants.values()
+            }
+            report = await measure(trees, interval_ms, apps=apps, read=read_process_trees, threaded=True)
             warning = self.cgroups.decision.warning if self.cgroups.decision else None
-            raise LookupError("cgroups are not enforced, so there is no usage to measure"
-                              + (f" ({warning})" if warning else ""))
+            return {"measured": "process trees", "note": MEASURED_BY_TREES,
+                    "why": warning or "server.cgroups.mode is off", **report}
         targets = {
             tenant.name: (tree.tenant_dir(tenant.name), self.limits.resources_of(tenant.name),
                           {app: tree.leaf(tenant.name, app) for app in tenant.apps})
             for tenant in config.tenants.values()
         }
-        return await measure(targets, interval_ms, apps=apps, read=self.sampler.read_now)
+        return {"measured": "cgroups", **await measure(targets, interval_ms, apps=apps, read=self.sampler.read_now)}
+
+    def _worker_pids(self, tenant: Tenant, app: App) -> tuple[int, ...]:
+        return tuple(w.pid for group in app.groups for w in self.supervisor.workers_of((tenant.name, app.name, group))
+                     if w.pid is not None)
 
     # ------------------------------------------------------------------ status
 

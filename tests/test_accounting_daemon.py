@@ -114,3 +114,32 @@ def test_usage_refuses_bad_intervals(daemons, tmp_path):
         result = d.ctl("high", "--interval-ms", bad)
         assert result.returncode in (1, 2)
         assert "interval" in result.stderr
+
+
+def test_high_without_cgroups_measures_the_worker_process_trees_and_says_so(daemons, tmp_path):
+    """`./dev run` from a shell: no delegated cgroup, yet "who uses what, now" has an answer, marked as such."""
+    d = daemons(TENANTS.format(root=tmp_path), mode="off")
+    d.start()
+    d.wait_workers("acme", "shop", "green", lambda ws: any(w["state"] == "running" for w in ws))
+    d.wait_workers("globex", "blog", "main", lambda ws: any(w["state"] == "running" for w in ws))
+    busy = threading.Thread(target=lambda: [d.get("shop.localhost", "/cpu?ms=400") for _ in range(6)])
+    busy.start()  # acme's worker spins in its handler while high samples
+    try:
+        time.sleep(0.3)
+        result = d.ctl("high", "--json", "--apps", "--interval-ms", "1500")
+    finally:
+        busy.join()
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["measured"] == "process trees" and report["why"] == "server.cgroups.mode is off"
+    assert "sum of RSS" in report["note"] and "nothing enforces them" in report["note"]
+    acme, globex = report["tenants"]["acme"], report["tenants"]["globex"]
+    assert acme["cpu_percent"] > 20, acme  # the handler's spinning, as the worker's own CPU time
+    assert globex["cpu_percent"] < acme["cpu_percent"] / 2, report
+    assert acme["memory_bytes"] > 10 * 1024**2 and acme["cpu_limit_percent"] == 150.0  # a Python worker's RSS
+    assert acme["apps"]["shop"]["memory_bytes"] == acme["memory_bytes"]  # its only app
+    assert acme["io_pressure_avg10"] is None  # PSI is per cgroup: not measured, not 0
+    table = d.ctl("high")
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.startswith("no cgroups to read: server.cgroups.mode is off\n"
+                                   "measured instead from each tenant's worker process trees: ")

@@ -97,6 +97,10 @@ def render_high(usage: Mapping[str, Any], sort: str = "cpu", apps: bool = False)
         raise ValueError(f"sort: {sort!r} is not one of {', '.join(SORTS)}")
     tenants: Mapping[str, Mapping[str, Any]] = usage.get("tenants", {})
     head = f"usage over {usage.get('interval_ms', '?')} ms, widest {sort} first"
+    if usage.get("measured") == "process trees":
+        # Said first, and plainly: these figures are not the cgroups' (see process_trees.py for how they differ).
+        head = (f"no cgroups to read: {usage.get('why') or 'cgroups are not enforced'}\n"
+                f"{usage.get('note') or 'measured instead from the process trees'}\n{head}")
     if not tenants:
         return f"{head}\nno tenants configured"
     # rows of (name, [(usage text, limit text or None) per column])

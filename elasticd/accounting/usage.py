@@ -1,7 +1,9 @@
 """GET /v1/tenants/usage: what each tenant (and app) uses over an interval, beside the limits in force.
 
 Two reads N ms apart; rates are differences over the interval. The computations are pure
-(``usage_between``, ``usage_report``); ``measure`` is the thin shell that reads and waits.
+(``usage_between``, ``usage_report``); ``measure`` is the thin shell that reads and waits, whatever the reader
+reads: the tenants' cgroups (``Sampler.read_now``), or their workers' process trees when there are no cgroups
+(``process_trees.read_process_trees``).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from elasticd.config.model import Resources
 
@@ -33,9 +35,11 @@ DEFAULT_INTERVAL_MS = 1000
 # Under 100 ms the CPU figure is mostly scheduler noise; over 10 s an HTTP client has long given up.
 INTERVAL_MS_BOUNDS = (100, 10000)
 
+# Where a group is read: a cgroup's directory, or the pids whose process trees stand for it.
+Where = TypeVar("Where")
 # tenant → (its cgroup, the limits in force, app → its leaf)
 TenantTargets = tuple[Path, Resources, Mapping[str, Path]]
-Reader = Callable[[Mapping[Key, Path], float], Mapping[Key, Sample]]
+Reader = Callable[[Mapping[Key, Where], float], Mapping[Key, Sample]]
 
 
 def parse_interval_ms(text: str | None) -> int:
@@ -99,7 +103,7 @@ def usage_between(a: Sample, b: Sample, limits: Resources | None = None) -> dict
     return usage
 
 
-def usage_report(tenants: Mapping[str, TenantTargets], first: Mapping[Key, Sample],
+def usage_report(tenants: Mapping[str, tuple[Any, Resources, Mapping[str, Any]]], first: Mapping[Key, Sample],
                  second: Mapping[Key, Sample], interval_ms: int, apps: bool) -> dict[str, Any]:
     """The JSON body: ``{"interval_ms": N, "tenants": {t: {usage..., ["apps": {a: {usage...}}]}}}``.
     A group missing from either read has every usage figure None (its limits are still given)."""
@@ -123,22 +127,28 @@ def read_samples(paths: Mapping[Key, Path], now: float) -> dict[Key, Sample]:
 
 
 async def measure(
-    tenants: Mapping[str, TenantTargets],
+    tenants: Mapping[str, tuple[Where, Resources, Mapping[str, Where]]],
     interval_ms: int,
     *,
+    read: Reader[Where],
     apps: bool = False,
-    read: Reader = read_samples,
+    threaded: bool = False,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
 ) -> dict[str, Any]:
-    """Read the tenant groups (and with ``apps`` their leaves), wait ``interval_ms``, read them again."""
-    paths: dict[Key, Path] = {}
+    """Read the tenant groups (and with ``apps`` their leaves), wait ``interval_ms``, read them again.
+    ``threaded``: each read in a thread, for a reader whose cost the tenants set (a /proc walk grows with every
+    process a tenant forks; the cgroup reads are a fixed few files per group)."""
+    paths: dict[Key, Where] = {}
     for tenant, (path, _limits, app_paths) in tenants.items():
         paths[("tenant", tenant)] = path
         if apps:
             for app, leaf in app_paths.items():
                 paths[("app", tenant, app)] = leaf
-    first = read(paths, clock())
+    async def once() -> Mapping[Key, Sample]:
+        return await asyncio.to_thread(read, paths, clock()) if threaded else read(paths, clock())
+
+    first = await once()
     await sleep(interval_ms / 1000)
-    second = read(paths, clock())
+    second = await once()
     return usage_report(tenants, first, second, interval_ms, apps)

@@ -114,10 +114,7 @@ class AdminApi:
             apps = parse_apps_flag(request.query.get("apps"))
         except ValueError as exc:
             return web.json_response({"error": str(exc)}, status=400)
-        try:
-            return web.json_response(await self._control.usage(interval_ms, apps))
-        except LookupError as exc:
-            return web.json_response({"error": str(exc)}, status=409)
+        return web.json_response(await self._control.usage(interval_ms, apps))
 
     async def _pool(self, request: web.Request) -> web.Response:
         try:
