@@ -15,7 +15,6 @@ integration:
 run:
 	./dev run
 
-# Build output only; the VM image cache (/var/cache/elasticd-integration) is kept: delete it by hand
-# to force a cold image build.
+# What the project made on this machine (./dev clean says what it removes); Debian packages stay.
 clean:
-	rm -rf dist build
+	./dev clean

@@ -39,6 +39,12 @@ def example_users() -> list[str]:
     return sorted({str(t["user"]) for t in tenants.values() if t.get("user") is not None})
 
 
+def example_roots() -> list[tuple[str, str]]:
+    """(user, app root) of each of the shipped example's apps (packaging/demo-tenants and the postinst make them)."""
+    tenants = YAML(typ="safe").load(EXAMPLE_CONFIG.read_text())["tenants"]
+    return sorted((str(t["user"]), str(app["root"])) for t in tenants.values() for app in t["apps"].values())
+
+
 @pytest.fixture(scope="session")
 def demo_users():
     """The example config's users, so that it loads here as on an installed host. Made as ./dev run makes

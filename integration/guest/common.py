@@ -443,6 +443,8 @@ SUITE_APPS = [
 # Every tenant of the suite runs as its own system user, as an operator would run them. The .deb's postinst makes
 # the shipped example's two (00-install checks it); the others are made once the package is in (make_users).
 DEB_USERS = ("elastic-acme", "elastic-globex")
+# ... and their app roots, made by the postinst too (packaging/demo-tenants for ./dev)
+DEB_ROOTS = (("elastic-acme", "/srv/acme/shop"), ("elastic-globex", "/srv/globex/blog"))
 
 
 def tenant_user(tenant: str) -> str:

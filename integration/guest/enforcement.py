@@ -10,6 +10,7 @@ import os
 import pwd
 import re
 import shutil
+import stat
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 from common import (
     BASE,
     CGROOT,
+    DEB_ROOTS,
     DEB_USERS,
     SUITE_APPS,
     UNIT,
@@ -120,6 +122,11 @@ def _shipped_config_runs_unprivileged() -> str:
         entry = run(["getent", "passwd", name]).stdout.strip().split(":")
         check(len(entry) == 7 and int(entry[2]) < 1000 and entry[6].endswith("nologin"),
               f"the postinst did not make system user {name}: getent says {entry}")
+    for name, root in DEB_ROOTS:
+        info = Path(root).stat()
+        check(info.st_uid == pwd.getpwnam(name).pw_uid and stat.S_IMODE(info.st_mode) == 0o750,
+              f"the postinst did not make {root} as {name}'s (0750): uid {info.st_uid}, mode "
+              f"{stat.S_IMODE(info.st_mode):04o}")
     check(wait_for(is_active, 60, 0.5), f"{UNIT} is not active after the install")
     st, _ = all_running([("acme", "shop", "", 2), ("globex", "blog", "", 1)], timeout=90)
     seen = []
@@ -131,6 +138,9 @@ def _shipped_config_runs_unprivileged() -> str:
             uid = _uid_of(pid)
             check(uid == pwd.getpwnam(expected).pw_uid, f"worker {pid} of {tenant}/{app} runs as uid {uid}, "
                   f"not {expected}")
+            cwd = os.readlink(f"/proc/{_command_of(pid)}/cwd")
+            root = dict(DEB_ROOTS)[expected]
+            check(cwd == root, f"worker {pid} of {tenant}/{app} runs in {cwd}, not its app root {root}")
             code, _ = front(f"{app}.localhost", "/")
             check(code == 200, f"{app}.localhost answered {code}")
         seen.append(f"{tenant}/{app} {len(pids)}x as {expected}")
@@ -140,11 +150,14 @@ def _shipped_config_runs_unprivileged() -> str:
 def _uid_of(pid: int) -> int:
     """The uid the worker's command runs as: for an isolated tenant (every suite tenant), the command inside its
     sandbox, not bubblewrap's monitor (the pid elasticd started and shows, which stays root's, without capabilities)."""
+    return int(next(ln for ln in read(Path(f"/proc/{_command_of(pid)}/status")).splitlines()
+                    if ln.startswith("Uid:")).split()[1])
+
+
+def _command_of(pid: int) -> int:
     from elasticd.supervisor.sandbox_host import command_pid  # (the .deb's: installed by scenario 00, after this loads)
 
-    command = command_pid(pid) or pid
-    return int(next(ln for ln in read(Path(f"/proc/{command}/status")).splitlines()
-                    if ln.startswith("Uid:")).split()[1])
+    return command_pid(pid) or pid
 
 
 def s_start() -> tuple[str, dict[str, Any]]:
