@@ -1,5 +1,5 @@
-"""The README is read on a clone: every link in it resolves inside the repository (a path outside it, such as the
-team's ../shared, is a dead link there)."""
+"""The README is read on a clone: every link in it (and in docs/) resolves inside the repository (a path outside it,
+such as the team's ../shared, is a dead link there), and it starts where a newcomer does."""
 
 from __future__ import annotations
 
@@ -15,13 +15,24 @@ def _local_links(text: str) -> list[str]:
     return [t for t in LINK.findall(text) if not re.match(r"^([a-z][a-z0-9+.-]*:|#)", t)]
 
 
-def test_every_local_link_of_the_readme_resolves_inside_the_repository():
+def test_every_local_link_of_the_readme_and_the_docs_resolves_inside_the_repository():
     broken = []
-    for target in _local_links((ROOT / "README.md").read_text()):
-        path = (ROOT / target.split("#", 1)[0]).resolve()
-        if not path.is_relative_to(ROOT) or not path.exists():
-            broken.append(target)
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in _local_links(page.read_text()):
+            path = (page.parent / target.split("#", 1)[0]).resolve()
+            if not path.is_relative_to(ROOT) or not path.exists():
+                broken.append(f"{page.name}: {target}")
     assert broken == []
+
+
+def test_the_readme_shows_the_two_commands_and_a_first_request_early():
+    """A newcomer reads what it is, the two commands, then what to try: the development internals come later, in
+    docs/DEVELOPMENT.md."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    first_curl = next(i for i, line in enumerate(lines) if line.startswith("curl "))
+    assert first_curl < 80
+    assert "./dev run" in "\n".join(lines[:first_curl]) and "./dev test" in "\n".join(lines[:first_curl])
+    assert len(lines) < 800
 
 
 def test_the_link_finder_sees_what_a_renderer_would():
