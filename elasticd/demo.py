@@ -50,9 +50,23 @@ def _int(request: web.Request, name: str, low: int, high: int) -> int:
     return value
 
 
+def _sandboxed() -> bool:
+    """In a tenant's view (bubblewrap's own pid namespace) this process is pid 2 or so, under bwrap as pid 1: a
+    number the host never shows, which the "/" line says rather than leave a newcomer puzzled."""
+    try:
+        with open("/proc/1/comm") as comm:
+            return comm.read().strip() == "bwrap"
+    except OSError:
+        return False
+
+
+SANDBOXED = _sandboxed()
+
+
 async def index(request: web.Request) -> web.Response:
     greeting = os.environ.get("DEMO_GREETING")
-    line = f"worker {WORKER} pid {os.getpid()}\n"
+    where = " in its sandbox's pid namespace" if SANDBOXED else ""
+    line = f"worker {WORKER} pid {os.getpid()}{where}\n"
     return web.Response(text=f"{greeting}\n{line}" if greeting else line)
 
 

@@ -220,3 +220,20 @@ def test_counter_counts_per_user_in_this_process(demo: DemoWorker) -> None:
     assert call(demo, "/counter?pad_kb=100", headers=bob)[1]["count"] == 2
     assert call(demo, "/counter")[1]["user"] is None  # around the front: no user, still answered
     assert call(demo, "/counter?pad_kb=x", headers=bob)[0] == 400
+
+
+def test_the_demo_says_when_its_pid_is_its_sandboxs():
+    """In a tenant's view the demo is pid 2 or so: its "/" line says whose numbering that is."""
+    import shutil
+    import subprocess
+    import sys
+
+    from elasticd import demo
+
+    assert demo.SANDBOXED is False  # here, pid 1 is the host's init (or the suite root's tini)
+    bwrap = shutil.which("bwrap")
+    assert bwrap is not None, "bubblewrap is installed by ./dev setup"
+    inside = subprocess.run([bwrap, "--unshare-pid", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc",
+                             "--dev", "/dev", sys.executable, "-c", "import elasticd.demo as d; print(d.SANDBOXED)"],
+                            capture_output=True, text=True, timeout=60)
+    assert (inside.returncode, inside.stdout.strip()) == (0, "True"), inside.stderr
