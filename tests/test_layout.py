@@ -116,3 +116,15 @@ def test_no_import_cycle_even_for_the_type_checker():
         if name not in index:
             visit(name)
     assert cycles == []
+
+
+def test_elasticctl_loads_no_cgroup_sampler_or_daemon_code():
+    """elasticctl is short-lived: importing it must not pull the cgroup layer, the sampler or the daemon."""
+    import subprocess
+    import sys
+
+    loaded = subprocess.run([sys.executable, "-c", "import sys, elasticd.ctl; print(' '.join(sys.modules))"],
+                            capture_output=True, text=True, check=True, cwd=ROOT).stdout.split()
+    heavy = ("elasticd.cgroup", "elasticd.accounting.sampler", "elasticd.daemon", "elasticd.front", "elasticd.pool",
+             "elasticd.supervisor")
+    assert [m for m in loaded if m.startswith(heavy)] == []

@@ -6,26 +6,5 @@ high.py (usage → table), exposition.py (families → text). I/O shell: files.p
 sampler.py (the tick), tenant_metrics.py (the metric families over the latest tick); metrics.py serves them.
 """
 
-from __future__ import annotations
-
-from .high import ALIASES, SORTS, render_high
-from .parse import Pressure
-from .sample import FILES, Sample
-from .sampler import Key, Sampler
-from .usage import INTERVAL_MS_BOUNDS, measure, parse_apps_flag, parse_interval_ms, usage_between
-
-__all__ = [
-    "ALIASES",
-    "FILES",
-    "INTERVAL_MS_BOUNDS",
-    "SORTS",
-    "Key",
-    "Pressure",
-    "Sample",
-    "Sampler",
-    "measure",
-    "parse_apps_flag",
-    "parse_interval_ms",
-    "render_high",
-    "usage_between",
-]
+# Nothing is re-exported: `import elasticd.ctl` (elasticctl) reads high.py alone, and a re-export here would load
+# the sampler and the cgroup layer into every short-lived command.
