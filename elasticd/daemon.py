@@ -59,6 +59,7 @@ from elasticd.pool.sensing import in_process_tree
 from elasticd.probes.capacity_metrics import CapacityCollector
 from elasticd.probes.publish import RegistryPage, read_registry
 from elasticd.probes.wiring import CapacityWiring
+from elasticd.supervisor.lifecycle import GONE, WILL_SERVE, WorkerState
 from elasticd.supervisor.sandbox import sandbox_for
 from elasticd.supervisor.spawn import channel_path
 from elasticd.supervisor.supervisor import Supervisor
@@ -71,7 +72,6 @@ __all__ = ["Daemon", "main"]
 log = logging.getLogger("elasticd")
 
 DEFAULT_CONFIG = "/etc/elastic.yaml"
-_GONE_STATES = frozenset({"exited", "stopped", "failed"})
 
 
 @dataclass(slots=True)
@@ -250,18 +250,18 @@ class Daemon:
         if worker.routable:
             self.pool.on_routable(worker.id)
             self.front.woke(key)  # requests waiting for a group at zero: they go to it now
-        elif worker.state == "failed" or (worker.state in _GONE_STATES and not any(
-                w.state in ("new", "starting", "backoff", "running") for w in self.supervisor.workers_of(key))):
+        elif worker.state == WorkerState.FAILED or (worker.state in GONE and not any(
+                w.state in WILL_SERVE for w in self.supervisor.workers_of(key))):
             self.front.wake_failed(key, f"its worker {worker.id} did not start ({worker.state})")
-        if worker.routable or worker.state in _GONE_STATES:
+        if worker.routable or worker.state in GONE:
             self.capacity.sync()  # its probe starts once its socket accepts; it stops, its reading dropped, as it goes
-        if worker.state in _GONE_STATES:
+        if worker.state in GONE:
             # The pooled connections point at a process that is gone; a restarted one gets fresh ones, and
             # a fresh window: its readings described another process.
             self.pool.forget_worker(worker.id)
             self.mover.worker_died(worker.id)  # a move from it places its user anew; one to it aborts
             self.channel.forget(worker.id)  # what its library announced: a new process announces again
-            if worker.state == "stopped":  # gone for good (a restart keeps its id and socket path)
+            if worker.state == WorkerState.STOPPED:  # gone for good (a restart keeps its id and socket path)
                 self._upstream_of.pop(worker.id, None)
                 self.front.forget_worker(worker.id)  # its connections and its forward counters
             else:

@@ -89,6 +89,19 @@ async def test_an_operators_drain_starts_a_replacement_under_min_workers_then_em
     assert any(d["decision"] == "scale-up" and "drained by an operator" in d["reason"] for d in decisions)
 
 
+async def test_an_operators_drain_while_elasticd_stops_keeps_the_worker_and_its_users():
+    """Under min_workers a drain first needs a replacement; while elasticd stops none can start (add_worker says
+    None): the drain is refused, naming why, and nothing moved or retired."""
+    m, supervisor = manager(2, pool=PoolSettings(min_workers=2, max_workers=4))
+    m._surface.users = {"alice": User(W1, "alice")}
+    m.mover = FakeMover(m._surface)
+    supervisor.add_worker = lambda key: None  # the supervisor is stopping
+    with pytest.raises(ValueError, match=f"no replacement for {W1} can start now .* it is kept, with its users"):
+        await m.drain(W1)
+    assert supervisor.retired == [] and m._surface.users["alice"].worker == W1 and not m.draining
+    assert m.mover.calls == []
+
+
 async def test_an_operators_drain_of_an_unknown_worker_is_refused():
     m, _ = manager(2)
     with pytest.raises(KeyError):

@@ -11,6 +11,7 @@ from elasticd.config.model import Config
 from elasticd.front.core.routing import RouteTable
 from elasticd.pool.manager import PoolManager
 from elasticd.pool.ports import GroupKey
+from elasticd.supervisor.lifecycle import WorkerState
 from elasticd.supervisor.supervisor import Supervisor
 
 __all__ = ["AgentRooms"]
@@ -78,7 +79,7 @@ class AgentRooms:
                 continue
             workers = self._supervisor.workers_of(key)
             serving = any(w.routable for w in workers)
-            dead = any(w.state == "failed" for w in workers) and not serving
+            dead = any(w.state == WorkerState.FAILED for w in workers) and not serving
             routable, failed = routable or serving, failed or dead
             emptying = emptying and bool(workers) and all(w.id in draining for w in workers)
             share = 1.0 if model.canary is None else (model.canary.share if name == model.canary.group

@@ -51,6 +51,7 @@ from elasticd.pool.ports import GroupKey, PoolForwards, PoolSupervisor, PoolSurf
 from elasticd.pool.report import Report
 from elasticd.pool.sensing import TreeSensor, tree_cpu
 from elasticd.pool.user_loads import user_loads
+from elasticd.supervisor.lifecycle import COMING, COUNTED, WorkerState
 from elasticd.worker_ids import parse_worker_id
 
 __all__ = ["LIMITED_RESOURCES", "PoolManager"]
@@ -281,9 +282,9 @@ class PoolManager:
         workers = [w for w in self._supervisor.workers_of(key) if w.id not in entry.draining]
         if any(w.routable for w in workers):
             return False  # routable ones the front found dead: a 503, as ever
-        if any(w.state in ("new", "starting", "backoff") for w in workers) or self._supervisor.launching(key):
+        if any(w.state in COMING for w in workers) or self._supervisor.launching(key):
             return True  # a start in flight (this cold start's, a restart, a reload's launch): wait for it
-        if any(w.state == "failed" for w in workers):
+        if any(w.state == WorkerState.FAILED for w in workers):
             return False
         if entry.pool.max_workers is not None and len(workers) >= entry.pool.max_workers:
             return False
@@ -362,7 +363,7 @@ class PoolManager:
                         budget: Budget | None = None) -> None:
         workers = {w.id: w for w in self._supervisor.workers_of(key)}
         entry.spawning = {wid for wid in entry.spawning if wid in workers and not workers[wid].routable
-                          and workers[wid].state not in ("failed", "stopped")}
+                          and workers[wid].state in COUNTED}
         # Routable but not yet measured (fewer than MEASURED_ROWS readings) is still a spawn in flight: its first
         # readings are its own start-up (imports, warm-up), and one spike must not grow the group.
         unmeasured = sum(1 for view in views
@@ -479,9 +480,9 @@ class PoolManager:
     async def drain(self, worker_id: str) -> Evacuation:
         """An operator takes ``worker_id`` out (``elasticctl drain``): no new users, a replacement first if the
         group would fall under ``min_workers``, every user moved off, then retired. KeyError: no such worker;
-        ValueError: it is being drained already; TimeoutError: the replacement did not come up. It runs as one
-        of the pool's tasks: the caller going away (an admin client that gave up) does not stop it half way;
-        elasticd stopping does."""
+        ValueError: it is being drained already, or no replacement can start (elasticd is stopping); TimeoutError:
+        the replacement did not come up. It runs as one of the pool's tasks: the caller going away (an admin client
+        that gave up) does not stop it half way; elasticd stopping does."""
         found = self._find(worker_id)
         if found is None or all(w.id != worker_id for w in self._supervisor.workers_of(found[0])):
             raise KeyError(worker_id)
@@ -500,6 +501,9 @@ class PoolManager:
         try:
             if sum(1 for w in self._supervisor.workers_of(key) if w.id != worker_id) < entry.floor:
                 replacement = self._supervisor.add_worker(key)
+                if replacement is None:  # elasticd is stopping (or the group going): the worker stays as it is
+                    raise ValueError(f"no replacement for {worker_id} can start now (elasticd is stopping, or its "
+                                     f"group is going): it is kept, with its users")
                 entry.spawning.add(replacement.id)
                 self._record(entry, PoolDecision("scale-up", replacement.id, f"replaces {worker_id}, drained by "
                                                  f"an operator, to keep min_workers {entry.floor}"))

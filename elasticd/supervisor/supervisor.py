@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from elasticd.background import Background
 from elasticd.config.model import Config, RunAs
+from elasticd.supervisor.lifecycle import COUNTED, WILL_SERVE, WorkerState
 from elasticd.supervisor.plan import Desired, GroupKey, Plan, Running, plan
 from elasticd.supervisor.sandbox import inaccessible_path, sandbox_for, tmp_dirs
 from elasticd.supervisor.spawn import WorkerSpec, socket_dir, spec_for
@@ -120,15 +121,15 @@ class Supervisor:
 
     def held(self, key: GroupKey) -> int:
         """Every worker of the group with a process or about to have one (starting, running, in backoff,
-        draining, being replaced; not failed, not stopped), in any list: what max_workers caps."""
-        return sum(1 for w in self._alive.values() if (w.tenant, w.app, w.group) == key and w.state != "failed")
+        draining, being replaced; not failed, not stopped: lifecycle.COUNTED), in any list: what max_workers caps."""
+        return sum(1 for w in self._alive.values() if (w.tenant, w.app, w.group) == key and w.state in COUNTED)
 
     def launching(self, key: GroupKey) -> bool:
         """Whether a worker is being started for the group outside its list (a start or reload launching it:
         it joins the list once routable, or at the launch's end): a start in flight all the same."""
         listed = {w.id for w in self.workers_of(key)}
         return any((w.tenant, w.app, w.group) == key and w.id not in listed
-                   and w.state in ("new", "starting", "backoff", "running") for w in self._alive.values())
+                   and w.state in WILL_SERVE for w in self._alive.values())
 
     def holds_app(self, tenant: str, app: str) -> bool:
         """Whether any worker of this app is alive (its leaf must not be killed or removed meanwhile)."""
@@ -140,7 +141,7 @@ class Supervisor:
     def summary(self) -> str:
         workers = list(self.workers())
         running = sum(1 for w in workers if w.routable)
-        failed = sum(1 for w in workers if w.state == "failed")
+        failed = sum(1 for w in workers if w.state == WorkerState.FAILED)
         text = f"{len(self._groups)} groups, {running}/{len(workers)} workers running"
         return text + (f", {failed} failed" if failed else "")
 
@@ -333,10 +334,10 @@ class Supervisor:
 
     async def _revive_failed(self, key: GroupKey) -> list[str]:
         entry = self._groups[key]
-        failed = [w for w in entry.workers if w.state == "failed"]
+        failed = [w for w in entry.workers if w.state == WorkerState.FAILED]
         if not failed:
             return []
-        entry.workers = tuple(w for w in entry.workers if w.state != "failed")
+        entry.workers = tuple(w for w in entry.workers if w.state != WorkerState.FAILED)
         await self._stop_workers(failed)
         fresh, problems = await self._launch(key, entry, entry.desired.spec, len(failed))
         entry.workers = (*entry.workers, *fresh)

@@ -28,6 +28,7 @@ import psutil
 
 from elasticd.background import watch
 from elasticd.supervisor.backoff import RestartPolicy
+from elasticd.supervisor.lifecycle import WorkerState, transition
 from elasticd.supervisor.output import LINES_PER_SECOND, READ_CHUNK, LineSplitter, OutputBound
 from elasticd.supervisor.runnable import runnable
 from elasticd.supervisor.sandbox_host import command_pid, present_masks
@@ -64,7 +65,7 @@ def journal_for_workers(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 class Worker:
-    """States: starting → running (routable) → stopping → stopped; backoff between restarts; failed."""
+    """Its states and their transitions are lifecycle.py's table; ``_set_state`` is the one place a state changes."""
 
     __slots__ = (
         "_base_env",
@@ -103,7 +104,7 @@ class Worker:
         self.spec = spec
         self.socket_path = socket_path(runtime_dir, worker_id)
         self.token = ""
-        self.state = "new"
+        self.state = WorkerState.NEW
         self.restarts = 0
         self.started_at: float | None = None
         self.policy = policy or RestartPolicy()
@@ -130,16 +131,16 @@ class Worker:
 
     @property
     def routable(self) -> bool:
-        return self.state == "running"
+        return self.state is WorkerState.RUNNING
 
     def uptime(self) -> float | None:
-        if self.state != "running" or self.started_at is None:
+        if self.state is not WorkerState.RUNNING or self.started_at is None:
             return None
         return self._clock() - self.started_at
 
     def describe(self) -> dict[str, object]:
         uptime = self.uptime()
-        return {"id": self.id, "pid": self.pid, "state": self.state,
+        return {"id": self.id, "pid": self.pid, "state": self.state.value,
                 "uptime": round(uptime, 3) if uptime is not None else None, "restarts": self.restarts}
 
     # ------------------------------------------------------------------ lifecycle
@@ -166,7 +167,7 @@ class Worker:
         self._stop_requested = True
         process = self._process
         if process is not None and process.returncode is None:
-            self._set_state("stopping")
+            self._set_state(WorkerState.STOPPING)
             _kill_tree(process.pid)
             await process.wait()
         await self._end()
@@ -176,7 +177,7 @@ class Worker:
         self._stop_requested = True
         process = self._process
         if process is not None and process.returncode is None:
-            self._set_state("stopping")
+            self._set_state(WorkerState.STOPPING)
             with contextlib.suppress(ProcessLookupError):
                 self._signal_command(process, signal.SIGTERM)
             try:
@@ -201,7 +202,7 @@ class Worker:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        self._set_state("stopped")
+        self._set_state(WorkerState.STOPPED)
         self._exited.set()
 
     # ------------------------------------------------------------------ the run loop
@@ -214,19 +215,19 @@ class Worker:
             now = self._clock()
             delay = self.policy.on_exit(now, self.started_at or now)
             if delay is None and self.policy.given_up:  # said why already, once
-                self._set_state("failed")
+                self._set_state(WorkerState.FAILED)
                 self._exited.set()
                 return
             if delay is None:
                 log.error("worker %s exited with %s and has died %d times within %gs: marked failed, "
                           "not restarted (a reload retries it)", self.id, _describe_exit(returncode),
                           self.policy.max_deaths, self.policy.window)
-                self._set_state("failed")
+                self._set_state(WorkerState.FAILED)
                 self._exited.set()
                 return
             log.warning("worker %s exited with %s; restarting in %gs", self.id, _describe_exit(returncode),
                         delay)
-            self._set_state("backoff")
+            self._set_state(WorkerState.BACKOFF)
             await asyncio.sleep(delay)
             self.restarts += 1
 
@@ -255,7 +256,7 @@ class Worker:
                 self.policy.give_up()
                 return None
         self.started_at = self._clock()
-        self._set_state("starting")
+        self._set_state(WorkerState.STARTING)
         journal = JournalStream(self._systemd_cat, self.id) if self._systemd_cat is not None else None
         relayed: io.FileIO | None = None  # the read end of the worker's output pipe, when elasticd relays it
         worker_end: int | None = None
@@ -310,7 +311,7 @@ class Worker:
                     await asyncio.wait_for(pump, 1.0)
         self._ready.clear()
         if not self._stop_requested:
-            self._set_state("exited")
+            self._set_state(WorkerState.EXITED)
         return returncode
 
     async def _await_socket(self, process: asyncio.subprocess.Process) -> None:
@@ -325,7 +326,7 @@ class Worker:
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
             if process.returncode is None and not self._stop_requested:
-                self._set_state("running")
+                self._set_state(WorkerState.RUNNING)
                 self._ready.set()
             return
 
@@ -379,10 +380,11 @@ class Worker:
                         "workers write to it directly, nothing is dropped by elasticd)", self.id, count,
                         LINES_PER_SECOND)
 
-    def _set_state(self, state: str) -> None:
-        if state == self.state:
+    def _set_state(self, state: WorkerState) -> None:
+        """Through the table: an illegal transition raises (fails closed) instead of taking effect."""
+        if state is self.state:
             return
-        self.state = state
+        self.state = transition(self.state, state, self.id)
         if self.on_state is not None:
             self.on_state(self)
 
