@@ -58,7 +58,7 @@ def test_status_says_when_the_limits_shown_are_not_enforced():
     status = {**STATUS, "cgroups": {"mode": "auto", "enforced": False, "base": None, "missing_controllers": [],
                                     "warning": "not in a delegated cgroup"}}
     text = render_status(status)
-    assert "(not enforced: cgroups are off here; these are what elasticd would write)" in text
+    assert "(not enforced here, as the cgroups line above says: these are the values elasticd would write)" in text
 
 
 def _ctl(*args: str) -> subprocess.CompletedProcess[str]:

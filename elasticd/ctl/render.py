@@ -107,7 +107,7 @@ def render_limit_table(tenants: dict[str, Any], enforced: bool) -> list[str]:
         return []
     out = [table(["LIMITS", *(header for header, _name in _LIMIT_COLUMNS)], rows)]
     if not enforced:
-        out.append("(not enforced: cgroups are off here; these are what elasticd would write)")
+        out.append("(not enforced here, as the cgroups line above says: these are the values elasticd would write)")
     if overrides:
         out.append("* an override until elasticd restarts (elasticctl limit TENANT --clear goes back to the config):")
         out.extend(overrides)
