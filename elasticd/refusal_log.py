@@ -1,4 +1,4 @@
-"""When a refusal is worth a line in elasticd's log: once per peer per change of reason (issue 27).
+"""When a refusal is worth a line in elasticd's log: at most once a minute per peer and reason (issue 27).
 
 Pure: time is passed in. A hostile worker can make elasticd refuse something thousands of times a second; one
 journal line each was its own flood (into the journal every tenant and the operator share). Here a peer's
