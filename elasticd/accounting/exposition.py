@@ -20,6 +20,12 @@ from prometheus_client.utils import floatToGoString
 
 __all__ = ["expose"]
 
+
+def _go_float(value: float) -> str:
+    """prometheus-client's own float format (+Inf, NaN, 1e+06 as Go writes them), typed: it ships untyped."""
+    text: str = floatToGoString(value)  # type: ignore[no-untyped-call, unused-ignore]
+    return text
+
 _LEGACY_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LEGACY_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
@@ -71,7 +77,7 @@ def _family(metric: Metric, labels_cache: dict[int, tuple[dict[str, str], str | 
             cached = labels_cache[id(labels)] = (labels, _label_text(labels))
         if cached[1] is None:
             return None
-        append(f"{name}{cached[1]} {floatToGoString(sample[2])}\n")
+        append(f"{name}{cached[1]} {_go_float(sample[2])}\n")
     return "".join(lines)
 
 

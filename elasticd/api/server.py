@@ -11,6 +11,7 @@ import grp
 import logging
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -21,6 +22,8 @@ from elasticd.aiohttp_grace import grace
 __all__ = ["AdminApi", "Control", "ReloadOutcome", "SocketInUse"]
 
 log = logging.getLogger("elasticd.api")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 STOP_GRACE = 2.0  # seconds an admin request still running at a stop may take (aiohttp's default is 60)
 
@@ -165,7 +168,7 @@ class AdminApi:
 
 
 @web.middleware
-async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except web.HTTPException as exc:

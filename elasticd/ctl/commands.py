@@ -262,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         args.check(p, args)
     client = AdminClient(args.socket)
     try:
-        return asyncio.run(args.run(client, args))
+        code: int = asyncio.run(args.run(client, args))
+        return code
     except ApiError as exc:
         print(f"elasticctl: {exc}", file=sys.stderr)
         return 1

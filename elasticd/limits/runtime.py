@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from elasticd.cgroup.discovery import parse_proc_cgroup
-from elasticd.config import Config, ConfigError
+from elasticd.config import Config, ConfigError, Resources
 from elasticd.limits.overrides import clear_overrides, describe, effective, parse_clear_request, parse_limit_request
 from elasticd.limits.persist import LimitEdit, PersistError, persist_limits
 
@@ -50,7 +50,7 @@ class RuntimeLimits:
         self._lock = asyncio.Lock()
         self.overrides: dict[str, dict[str, Any]] = {}
 
-    def resources_of(self, tenant: str):
+    def resources_of(self, tenant: str) -> Resources:
         return effective(self._config().tenants[tenant].resources, self.overrides.get(tenant, {}))
 
     def describe(self, tenant: str) -> dict[str, Any]:
