@@ -7,16 +7,16 @@ from pathlib import Path
 import pytest
 
 from elasticd.cgroup import mode
-from elasticd.cgroup.mode import ModeDecision, Probe, decide, probe
+from elasticd.cgroup.mode import DelegationProbe, ModeDecision, decide, probe
 from elasticd.config.model import CgroupSettings
 
 BASE = Path("/sys/fs/cgroup/x")
-USABLE = Probe(BASE, True, True, True, frozenset({"cpu", "memory"}), None)
-NOT_WRITABLE = Probe(BASE, False, False, True, frozenset(), "/sys/fs/cgroup/x is not writable")
-NOT_DELEGATED = Probe(BASE, True, True, False, frozenset(),
+USABLE = DelegationProbe(BASE, True, True, True, frozenset({"cpu", "memory"}), None)
+NOT_WRITABLE = DelegationProbe(BASE, False, False, True, frozenset(), "/sys/fs/cgroup/x is not writable")
+NOT_DELEGATED = DelegationProbe(BASE, True, True, False, frozenset(),
                       "elasticd's own cgroup /sys/fs/cgroup/x is not delegated (...)")
-NO_BASE = Probe(None, True, False, False, frozenset(), "no cgroup v2 file system is mounted")
-NO_REASON = Probe(None, True, False, False, frozenset(), None)
+NO_BASE = DelegationProbe(None, True, False, False, frozenset(), "no cgroup v2 file system is mounted")
+NO_REASON = DelegationProbe(None, True, False, False, frozenset(), None)
 
 
 @pytest.mark.parametrize(
@@ -36,7 +36,7 @@ NO_REASON = Probe(None, True, False, False, frozenset(), None)
         ("auto", NO_BASE, False, None, "no cgroup v2 file system"),
     ],
 )
-def test_decide(mode_: str, facts: Probe, enforce: bool, refuse: str | None, warning: str | None) -> None:
+def test_decide(mode_: str, facts: DelegationProbe, enforce: bool, refuse: str | None, warning: str | None) -> None:
     decision = decide(mode_, facts)
     assert decision.enforce is enforce
     if refuse is None:
@@ -80,7 +80,7 @@ def _fake_proc(tmp_path: Path, mountinfo: str, cgroup: str) -> str:
 def test_probe_explicit_fake_tree_is_usable(tmp_path: Path) -> None:
     base = _fake_base(tmp_path / "cg")
     facts = probe(CgroupSettings(mode="required", path=str(base)), proc=str(tmp_path / "noproc"))
-    assert facts == Probe(base, False, True, True, frozenset({"cpu", "memory", "pids", "io"}), None)
+    assert facts == DelegationProbe(base, False, True, True, frozenset({"cpu", "memory", "pids", "io"}), None)
     assert decide("required", facts).enforce
 
 
@@ -171,7 +171,7 @@ def test_probe_own_cgroup_delegated_by_systemd(tmp_path: Path, monkeypatch: pyte
 
     monkeypatch.setattr(os, "getxattr", getxattr)
     facts = probe(CgroupSettings(), proc=proc)
-    assert facts == Probe(own, True, True, True, frozenset({"cpu", "memory", "pids", "io"}), None)
+    assert facts == DelegationProbe(own, True, True, True, frozenset({"cpu", "memory", "pids", "io"}), None)
 
 
 def test_probe_own_cgroup_xattr_zero_is_not_delegation(

@@ -128,3 +128,21 @@ def test_elasticctl_loads_no_cgroup_sampler_or_daemon_code():
     heavy = ("elasticd.cgroup", "elasticd.accounting.sampler", "elasticd.daemon", "elasticd.front", "elasticd.pool",
              "elasticd.supervisor")
     assert [m for m in loaded if m.startswith(heavy)] == []
+
+
+def test_no_two_public_classes_or_type_aliases_share_a_name():
+    """One name, one meaning: a newcomer who finds `Reading` or `GroupKey` finds the one thing it is."""
+    defined: dict[str, list[str]] = {}
+    for name, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                found = node.name
+            elif (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                  and node.targets[0].id[:1].isupper() and not node.targets[0].id.isupper()
+                  and isinstance(node.value, ast.Subscript)):  # a type alias such as GroupKey = tuple[...]
+                found = node.targets[0].id
+            else:
+                continue
+            if not found.startswith("_"):
+                defined.setdefault(found, []).append(name)
+    assert {n: where for n, where in defined.items() if len(where) > 1} == {}

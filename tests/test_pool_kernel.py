@@ -10,7 +10,7 @@ import pytest
 from elasticd.accounting.parse import Pressure
 from elasticd.accounting.sample import Sample
 from elasticd.config.model import PoolSettings, Resources
-from elasticd.pool.budget import UNLIMITED, Budget, Reading, budget_of, cpu_wall, enforced, holds
+from elasticd.pool.budget import UNLIMITED, Budget, CgroupReading, budget_of, cpu_wall, enforced, limit_bindings
 from elasticd.pool.drain import drain_verdict
 from elasticd.pool.evaluator import Row, occupancy
 from elasticd.pool.ledger import plan_compaction
@@ -51,20 +51,20 @@ def test_the_app_leafs_share_and_the_throttled_time_are_in_the_numbers():
     app = [Sample(0.0, cpu_usage_usec=0), Sample(10.0, cpu_usage_usec=3_000_000)]
     b = budget_of(tenant, Resources(cpu=50.0), app_samples=app)
     assert b.reading.app_cpu_cores == pytest.approx(0.3) and b.reading.throttled_rate == pytest.approx(0.4)
-    [hold] = holds(b, POOL, worker_rss=None, worker_pids=None)
+    [hold] = limit_bindings(b, POOL, worker_rss=None, worker_pids=None)
     assert hold.numbers["app_usage_cores"] == 0.3 and hold.numbers["throttled_seconds_per_second"] == 0.4
 
 
 def test_budget_without_two_samples_has_no_reading_but_knows_the_quota():
     b = budget_of([sample(0)], Resources(cpu=30.0, memory=256 * MiB))
     assert (b.reading, b.wall, b.memory_max) == (None, 0.3, 256 * MiB)
-    assert holds(b, POOL, worker_rss=None, worker_pids=None) == []
+    assert limit_bindings(b, POOL, worker_rss=None, worker_pids=None) == []
 
 
 def test_a_counter_reset_reads_as_no_rate():
     b = budget_of([sample(0, usage_s=9.0), sample(5, usage_s=1.0)], Resources(cpu=50.0))
     assert b.reading is not None and b.reading.cpu_cores is None
-    assert holds(b, POOL, worker_rss=None, worker_pids=None) == []
+    assert limit_bindings(b, POOL, worker_rss=None, worker_pids=None) == []
 
 
 @pytest.mark.parametrize(("quota", "expected"), [(None, 1.0), (0.5, 0.5), (2.0, 1.0), (1.0, 1.0)])
@@ -72,10 +72,10 @@ def test_cpu_wall(quota, expected):
     assert cpu_wall(quota) == expected
 
 
-def reading(**kw) -> Reading:
+def reading(**kw) -> CgroupReading:
     base = {"span": 10.0, "cpu_cores": 0.0, "throttled_share": 0.0, "memory": None, "memory_events": {},
             "pids": None}
-    return Reading(**{**base, **kw})
+    return CgroupReading(**{**base, **kw})
 
 
 HOLDS = [
@@ -109,7 +109,7 @@ HOLDS = [
 
 @pytest.mark.parametrize(("name", "budget", "rss", "pids", "resources"), HOLDS, ids=[h[0] for h in HOLDS])
 def test_holds(name, budget, rss, pids, resources):
-    found = holds(budget, POOL, worker_rss=rss, worker_pids=pids)
+    found = limit_bindings(budget, POOL, worker_rss=rss, worker_pids=pids)
     assert [h.resource for h in found] == resources
     for h in found:
         assert h.reason and h.numbers  # the journal carries the numbers
@@ -117,9 +117,10 @@ def test_holds(name, budget, rss, pids, resources):
 
 def test_the_thresholds_are_the_pools():
     strict = PoolSettings(cpu_held_at=0.5, throttled_held_at=0.9)
-    assert [h.resource for h in holds(Budget(1.0, None, None, reading(cpu_cores=0.6)), strict, worker_rss=None,
+    assert [h.resource for h in limit_bindings(Budget(1.0, None, None, reading(cpu_cores=0.6)), strict, worker_rss=None,
                                       worker_pids=None)] == ["cpu"]
-    assert holds(Budget(1.0, None, None, reading(cpu_cores=0.6)), POOL, worker_rss=None, worker_pids=None) == []
+    assert limit_bindings(Budget(1.0, None, None, reading(cpu_cores=0.6)), POOL, worker_rss=None,
+                          worker_pids=None) == []
 
 
 # ---------------------------------------------------------------------- the wall in the evaluator
@@ -139,7 +140,7 @@ def test_the_report_accepts_loop_lag():
 
 # ---------------------------------------------------------------------- scale-up: the cap and the hold
 
-CPU_HOLD = holds(Budget(0.5, None, None, reading(cpu_cores=0.5)), POOL, worker_rss=None, worker_pids=None)
+CPU_HOLD = limit_bindings(Budget(0.5, None, None, reading(cpu_cores=0.5)), POOL, worker_rss=None, worker_pids=None)
 
 CAPACITY = [
     # (name, occupancies of the routable, spawning, held by the supervisor, max, holds, expected kind)
@@ -318,4 +319,4 @@ def test_a_limit_without_its_controller_binds_nothing():
 
 
 def test_unlimited_budget():
-    assert UNLIMITED.wall == 1.0 and holds(UNLIMITED, POOL, worker_rss=1, worker_pids=1) == []
+    assert UNLIMITED.wall == 1.0 and limit_bindings(UNLIMITED, POOL, worker_rss=1, worker_pids=1) == []

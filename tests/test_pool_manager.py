@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from elasticd.config.model import App, Config, Group, PoolSettings, Quotas, Resources, Server, Tenant
-from elasticd.pool.budget import UNLIMITED, Budget, Reading
+from elasticd.pool.budget import UNLIMITED, Budget, CgroupReading
 from elasticd.pool.manager import PoolManager
 from elasticd.pool.report import Executor, Report
 
@@ -153,7 +153,7 @@ def busy() -> Report:
 
 def cpu_bound(quota: float, used: float) -> Budget:
     throttled = 0.9 if used >= 0.9 * quota else 0.0
-    return Budget(quota, None, None, Reading(10.0, used, throttled, None, {}, None, {}))
+    return Budget(quota, None, None, CgroupReading(10.0, used, throttled, None, {}, None, {}))
 
 
 async def test_a_scale_up_the_tenants_cpu_max_would_starve_is_held_once_then_made_when_the_limit_rises():

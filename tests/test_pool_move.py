@@ -11,10 +11,10 @@ from elasticd.pool.move import (
     SEND_INSTALL,
     SWITCH,
     TRANSITIONS,
-    Event,
     Move,
     MoveBook,
     MoveError,
+    MoveEvent,
     Outcome,
     Step,
 )
@@ -144,7 +144,7 @@ def test_a_package_is_sent_once_and_only_while_installing():
 
 def test_the_table_has_a_row_for_each_legal_step_and_none_out_of_an_ended_move():
     assert all(step not in (Step.SWITCHED, Step.ABORTED) for step, _ in TRANSITIONS)
-    assert (Step.QUIESCING, Event.REFUSED) not in TRANSITIONS  # nobody was asked anything yet
+    assert (Step.QUIESCING, MoveEvent.REFUSED) not in TRANSITIONS  # nobody was asked anything yet
     assert len(TRANSITIONS) == 3 + 3 * 4 - 1
 
 

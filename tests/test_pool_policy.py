@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elasticd.config.model import PoolSettings
-from elasticd.pool.evaluator import Forward, Row, Window, components_of, history_of, occupancy, rates_of
+from elasticd.pool.evaluator import ForwardSnapshot, Row, Window, components_of, history_of, occupancy, rates_of
 from elasticd.pool.ledger import ledger, plan_compaction
 from elasticd.pool.policy import WorkerView, admit, check_capacity, place_login
 from elasticd.pool.report import Executor, Report, ReportError, parse_report
@@ -97,13 +97,14 @@ def test_history_and_window_bound():
 
 def test_rates_from_forward_deltas():
     report = Report()
-    window = [Row(0.0, report, Forward(100, 1, 10.0)), Row(5.0, report, None), Row(10.0, report, Forward(300, 3, 30.0))]
+    window = [Row(0.0, report, ForwardSnapshot(100, 1, 10.0)), Row(5.0, report, None),
+              Row(10.0, report, ForwardSnapshot(300, 3, 30.0))]
     rates = rates_of(window)
     assert rates.rps == pytest.approx(20.0)
     assert rates.latency == pytest.approx(0.1)
     assert rates.error_rate == pytest.approx(0.2)
     assert rates_of(window[:1]) is None
-    reset = [Row(0.0, report, Forward(100, 0, 1.0)), Row(5.0, report, Forward(3, 0, 0.1))]
+    reset = [Row(0.0, report, ForwardSnapshot(100, 0, 1.0)), Row(5.0, report, ForwardSnapshot(3, 0, 0.1))]
     assert rates_of(reset) is None
 
 

@@ -8,7 +8,7 @@ from elasticd.config.model import Quotas
 from elasticd.front.core.quota import (
     ConcurrencyGate,
     QuotaBook,
-    Refusal,
+    QuotaRefusal,
     TenantQuota,
     TokenBucket,
     retry_after,
@@ -99,11 +99,11 @@ def test_concurrency_gate(case: str) -> None:
     assert gate.in_flight >= 0
 
 
-BUSY = Refusal(503, 1, "concurrency")
+BUSY = QuotaRefusal(503, 1, "concurrency")
 
 
-def rate(seconds: int) -> Refusal:
-    return Refusal(429, seconds, "rate")
+def rate(seconds: int) -> QuotaRefusal:
+    return QuotaRefusal(429, seconds, "rate")
 
 
 @pytest.mark.parametrize(("quotas", "script"), [

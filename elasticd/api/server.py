@@ -23,7 +23,7 @@ __all__ = ["AdminApi", "Control", "ReloadOutcome", "SocketInUse"]
 
 log = logging.getLogger("elasticd.api")
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 STOP_GRACE = 2.0  # seconds an admin request still running at a stop may take (aiohttp's default is 60)
 
@@ -168,7 +168,7 @@ class AdminApi:
 
 
 @web.middleware
-async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def _json_errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except web.HTTPException as exc:

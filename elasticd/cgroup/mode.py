@@ -16,7 +16,7 @@ from elasticd.config.model import CgroupSettings
 
 from .discovery import cgroup2_mounts, own_cgroup, parse_proc_cgroup
 
-__all__ = ["ModeDecision", "Probe", "decide", "is_delegated_xattr", "probe"]
+__all__ = ["DelegationProbe", "ModeDecision", "decide", "is_delegated_xattr", "probe"]
 
 # systemd ≥ 251 marks a cgroup it delegated (Delegate=yes) with this xattr set to "1": trusted.* from the
 # system manager (readable only with CAP_SYS_ADMIN), user.* from a user manager.
@@ -25,7 +25,7 @@ _HOW_TO = "run it under systemd with Delegate=yes, or set server.cgroups.path"
 
 
 @dataclass(frozen=True, slots=True)
-class Probe:
+class DelegationProbe:
     base: Path | None
     base_is_own: bool
     writable: bool
@@ -45,7 +45,7 @@ class ModeDecision:
     warning: str | None  # set: log once, then serve
 
 
-def decide(mode: str, probe: Probe) -> ModeDecision:
+def decide(mode: str, probe: DelegationProbe) -> ModeDecision:
     """``off``: never enforce. Usable: enforce. Unusable: ``required`` refuses, ``auto`` warns and serves."""
     if mode == "off":
         return ModeDecision(enforce=False, refuse=None, warning=None)
@@ -116,7 +116,7 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
-def probe(settings: CgroupSettings, proc: str = "/proc") -> Probe:
+def probe(settings: CgroupSettings, proc: str = "/proc") -> DelegationProbe:
     """The facts about the base cgroup ``settings`` names (or our own cgroup)."""
     mountinfo = _read(Path(proc, "self", "mountinfo"))
     proc_cgroup = _read(Path(proc, "self", "cgroup"))
@@ -126,35 +126,35 @@ def probe(settings: CgroupSettings, proc: str = "/proc") -> Probe:
     return _probe_own(own, mountinfo, proc_cgroup)
 
 
-def _probe_explicit(base: Path, own: Path | None) -> Probe:
+def _probe_explicit(base: Path, own: Path | None) -> DelegationProbe:
     """An operator-given base is trusted to be delegated if it looks like a cgroup (or a fake tree)."""
     # Given our own cgroup explicitly, we must still leave it for <base>/server: the kernel refuses to
     # enable controllers for children of a cgroup that holds processes ("no internal processes").
     is_own = own is not None and _same(base, own)
     if not base.is_dir():
-        return Probe(base, is_own, False, False, frozenset(),
+        return DelegationProbe(base, is_own, False, False, frozenset(),
                      f"server.cgroups.path {base} does not exist or is not a directory")
     controllers = _controllers(base)
     if not ((base / "cgroup.controllers").is_file() and (base / "cgroup.procs").is_file()):
-        return Probe(base, is_own, False, False, controllers,
+        return DelegationProbe(base, is_own, False, False, controllers,
                      f"server.cgroups.path {base} is not a cgroup (no cgroup.controllers and cgroup.procs)")
     if not _writable(base):
-        return Probe(base, is_own, False, True, controllers, f"{base} is not writable")
-    return Probe(base, is_own, True, True, controllers, None)
+        return DelegationProbe(base, is_own, False, True, controllers, f"{base} is not writable")
+    return DelegationProbe(base, is_own, True, True, controllers, None)
 
 
-def _probe_own(own: Path | None, mountinfo: str | None, proc_cgroup: str | None) -> Probe:
+def _probe_own(own: Path | None, mountinfo: str | None, proc_cgroup: str | None) -> DelegationProbe:
     if mountinfo is None or not cgroup2_mounts(mountinfo):
-        return Probe(None, True, False, False, frozenset(),
+        return DelegationProbe(None, True, False, False, frozenset(),
                      f"no cgroup v2 file system is mounted (set server.cgroups.path, or {_HOW_TO})")
     v2_path = parse_proc_cgroup(proc_cgroup or "")
     if own is None or v2_path is None:
-        return Probe(None, True, False, False, frozenset(),
+        return DelegationProbe(None, True, False, False, frozenset(),
                      "elasticd's own cgroup v2 path cannot be found in /proc/self/cgroup and mountinfo")
     controllers = _controllers(own)
     if v2_path == "/":
         # The root cgroup is never ours to manage (and is exempt from rules we rely on).
-        return Probe(own, True, False, False, controllers,
+        return DelegationProbe(own, True, False, False, controllers,
                      f"elasticd runs in the root cgroup {own}, which it never uses ({_HOW_TO})")
     delegated = is_delegated_xattr(own)
     writable = own.is_dir() and _writable(own)
@@ -164,4 +164,4 @@ def _probe_own(own: Path | None, mountinfo: str | None, proc_cgroup: str | None)
         reason = f"elasticd's own cgroup {own} is not writable"
     else:
         reason = None
-    return Probe(own, True, writable, delegated, controllers, reason)
+    return DelegationProbe(own, True, writable, delegated, controllers, reason)

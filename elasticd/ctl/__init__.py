@@ -8,10 +8,10 @@ elasticctl is short-lived.
 from __future__ import annotations
 
 from .aliases import highcpu_main, highio_main, highram_main, limitcpu_main, limitio_main, limitram_main
-from .client import DEFAULT_SOCKET, AdminClient, ApiError, Refused
+from .client import DEFAULT_SOCKET, AdminClient, ApiError, CommandRefused
 from .commands import main, parser
 from .render import render_limits, render_pool, render_status
 
-__all__ = ["DEFAULT_SOCKET", "AdminClient", "ApiError", "Refused", "highcpu_main", "highio_main", "highram_main",
+__all__ = ["DEFAULT_SOCKET", "AdminClient", "ApiError", "CommandRefused", "highcpu_main", "highio_main", "highram_main",
            "limitcpu_main", "limitio_main", "limitram_main", "main", "parser", "render_limits", "render_pool",
            "render_status"]

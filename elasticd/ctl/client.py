@@ -1,5 +1,5 @@
 """elasticctl's client of the admin API: one request per call, on the Unix socket, and the one way a command
-says a refusal (``Refused``: main prints it and exits 1)."""
+says a refusal (``CommandRefused``: main prints it and exits 1)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["DEFAULT_SOCKET", "AdminClient", "ApiError", "Refused"]
+__all__ = ["DEFAULT_SOCKET", "AdminClient", "ApiError", "CommandRefused"]
 
 DEFAULT_SOCKET = "/run/elasticd/admin.sock"
 
@@ -17,7 +17,7 @@ class ApiError(Exception):
     """elasticd could not be asked (no socket, no answer): printed as "elasticctl: …"."""
 
 
-class Refused(Exception):
+class CommandRefused(Exception):
     """elasticd answered, and not with what the command wanted: printed as "<what>: <why>"."""
 
     def __init__(self, what: str, why: str) -> None:
@@ -57,10 +57,10 @@ class AdminClient:
             raise ApiError(f"elasticd on {self.socket_path} did not answer within {self.timeout:g}s") from None
 
     async def expect(self, method: str, path: str, what: str, body: Any = None) -> Any:
-        """The answer's JSON when elasticd says 200; else Refused(what, its error)."""
+        """The answer's JSON when elasticd says 200; else CommandRefused(what, its error)."""
         code, data = await self.request(method, path, body)
         if code != 200:
-            raise Refused(what, _error(data, code))
+            raise CommandRefused(what, _error(data, code))
         return data
 
 

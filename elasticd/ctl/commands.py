@@ -1,5 +1,5 @@
 """elasticctl's commands and their parser: each command asks the admin API (client.py) and prints what it said
-(render.py); a refusal is raised as ``Refused`` and said once, in ``main``.
+(render.py); a refusal is raised as ``CommandRefused`` and said once, in ``main``.
 
 Exit codes: 0 ok, 1 refused or failed (the reason on stderr), 2 usage (argparse's own).
 """
@@ -18,7 +18,7 @@ from elasticd.accounting.high import SORTS, render_high
 from elasticd.config.units import UnitError, parse_duration
 from elasticd.monitor.terminal import render_population, render_watch
 
-from .client import DEFAULT_SOCKET, AdminClient, ApiError, Refused
+from .client import DEFAULT_SOCKET, AdminClient, ApiError, CommandRefused
 from .render import render_limits, render_pool, render_status
 
 __all__ = ["main", "parser"]
@@ -35,7 +35,7 @@ async def _reload(client: AdminClient, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
     if code != 200 or not data.get("ok"):  # (its JSON printed first all the same: the refusal is in it)
-        raise Refused("reload refused", str(data.get("error") or f"HTTP {code}"))
+        raise CommandRefused("reload refused", str(data.get("error") or f"HTTP {code}"))
     for problem in data.get("problems", []):
         print(f"warning: {problem}", file=sys.stderr)
     if not args.json:
@@ -169,7 +169,7 @@ async def _watch(client: AdminClient, path: str, interval: float) -> int:
         while True:
             at = time.strftime("%H:%M:%S")
             try:
-                data = await client.expect("GET", path, "pool")  # (Refused: the app went; main says so)
+                data = await client.expect("GET", path, "pool")  # (CommandRefused: the app went; main says so)
             except ApiError as exc:
                 screen = f"{at}: {exc} (trying again every {interval:g}s)\n"
             else:
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     except ApiError as exc:
         print(f"elasticctl: {exc}", file=sys.stderr)
         return 1
-    except Refused as refused:  # the one place a refusal is said
+    except CommandRefused as refused:  # the one place a refusal is said
         print(refused, file=sys.stderr)
         return 1
 

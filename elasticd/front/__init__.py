@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from . import server
 from .core.counters import ForwardCounters, RouteStats, WorkerCounters
-from .core.quota import ConcurrencyGate, QuotaBook, Refusal, TenantQuota, TokenBucket, retry_after
+from .core.quota import ConcurrencyGate, QuotaBook, QuotaRefusal, TenantQuota, TokenBucket, retry_after
 from .core.routing import AppRoute, RouteTable, normalize_host
 from .core.sticky import PlaceFn, Surface, SurfaceUser, place
 from .request_metrics import FrontCollector
@@ -28,7 +28,7 @@ __all__ = [
     "FrontCollector",
     "PlaceFn",
     "QuotaBook",
-    "Refusal",
+    "QuotaRefusal",
     "RouteStats",
     "RouteTable",
     "Surface",

@@ -29,13 +29,14 @@ from elasticd.config.model import PoolSettings, Resources
 if TYPE_CHECKING:  # only the type: elasticd.accounting's package would bring the sampler (a shell) along
     from elasticd.accounting.sample import Sample
 
-__all__ = ["CPU_SAMPLES", "Budget", "Hold", "Reading", "budget_of", "cpu_wall", "enforced", "holds"]
+__all__ = ["CPU_SAMPLES", "Budget", "CgroupReading", "LimitBinding", "budget_of", "cpu_wall", "enforced",
+           "limit_bindings"]
 
 CPU_SAMPLES = 3  # the latest sample and the two before it: a rate over two sampler intervals
 
 
 @dataclass(frozen=True, slots=True)
-class Reading:
+class CgroupReading:
     """What the tenant's cgroup measured over the window (None where a file was missing or a counter reset)."""
 
     span: float  # seconds between the samples the CPU rate comes from
@@ -54,7 +55,7 @@ class Budget:
     cpu_quota: float | None  # cores; None: no cpu.max (or cgroups not enforced)
     memory_max: int | None
     pids_max: int | None
-    reading: Reading | None  # None: fewer than two samples yet, or cgroups not enforced
+    reading: CgroupReading | None  # None: fewer than two samples yet, or cgroups not enforced
     # Enforced, but no reading to decide on yet (fewer than two samples: just started, a new tenant; or a
     # cpu.max in force and no CPU rate): a scale-up waits for one — two sampler intervals — rather than being
     # made blind. ``enforced`` gives no cpu quota where the cpu controller is missing: without one the
@@ -81,7 +82,7 @@ UNLIMITED = Budget(None, None, None, None)  # cgroups not enforced: nothing bind
 
 
 @dataclass(frozen=True, slots=True)
-class Hold:
+class LimitBinding:
     resource: str  # cpu | memory | pids
     reason: str
     numbers: Mapping[str, Any]
@@ -149,13 +150,14 @@ def budget_of(samples: Sequence[Sample], resources: Resources, app_samples: Sequ
     pressure = {name: p.some_avg10 for name, p in (("cpu", last.cpu_pressure), ("memory", last.memory_pressure),
                                                     ("io", last.io_pressure)) if p is not None}
     app_cores = _cores(_cpu_rate(app_samples)) if len(app_samples) >= 2 else None
-    reading = Reading(span, cpu_cores, throttled, last.memory_bytes, events, last.pids, pressure, throttled_rate,
+    reading = CgroupReading(span, cpu_cores, throttled, last.memory_bytes, events, last.pids, pressure, throttled_rate,
                       app_cores)
     # A quota in force with no rate to hold it against (an unreadable tick, a counter reset): wait for one.
     return Budget(quota, resources.memory, resources.pids, reading, pending=quota is not None and cpu_cores is None)
 
 
-def holds(budget: Budget, pool: PoolSettings, *, worker_rss: float | None, worker_pids: float | None) -> list[Hold]:
+def limit_bindings(budget: Budget, pool: PoolSettings, *, worker_rss: float | None,
+                   worker_pids: float | None) -> list[LimitBinding]:
     """The limits that would leave one more worker with nothing, each with the numbers behind it.
 
     ``worker_rss``: the group's mean worker RSS (bytes) from its latest readings; ``worker_pids``: the mean
@@ -164,7 +166,7 @@ def holds(budget: Budget, pool: PoolSettings, *, worker_rss: float | None, worke
     reading = budget.reading
     if reading is None:
         return []
-    found: list[Hold] = []
+    found: list[LimitBinding] = []
     # The numbers are built only for a limit that binds: this runs at every report and every login.
     quota = budget.cpu_quota
     if quota is not None and reading.cpu_cores is not None:
@@ -182,7 +184,7 @@ def holds(budget: Budget, pool: PoolSettings, *, worker_rss: float | None, worke
             why = (f"the tenant uses {used:.0%} of its cpu.max ({quota:g} cores; held at {pool.cpu_held_at:.0%})"
                    if over else f"the tenant was throttled in {throttled:.0%} of its periods (held over "
                                 f"{pool.throttled_held_at:.0%})")
-            found.append(Hold("cpu", f"{why}: a new worker would share the same quota", numbers))
+            found.append(LimitBinding("cpu", f"{why}: a new worker would share the same quota", numbers))
     memory_max = budget.memory_max
     if memory_max is not None and reading.memory is not None:
         projected = reading.memory + (worker_rss or 0.0)
@@ -199,12 +201,13 @@ def holds(budget: Budget, pool: PoolSettings, *, worker_rss: float | None, worke
             else:
                 why = (f"memory.current plus one more worker would be {projected / memory_max:.0%} of memory.max "
                        f"(held over {pool.memory_held_at:.0%})")
-            found.append(Hold("memory", why, numbers))
+            found.append(LimitBinding("memory", why, numbers))
     pids_max = budget.pids_max
     if pids_max is not None and reading.pids is not None:
         projected = reading.pids + (worker_pids or 0.0)
         if projected > pool.pids_held_at * pids_max:
-            found.append(Hold("pids", f"pids.current plus one more worker would be {projected / pids_max:.0%} of "
+            found.append(LimitBinding("pids", f"pids.current plus one more worker would be "
+                                              f"{projected / pids_max:.0%} of "
                                       f"pids.max (held over {pool.pids_held_at:.0%})",
                               {"pids": reading.pids, "worker_pids": worker_pids, "pids_max": pids_max,
                                "projected_share": round(projected / pids_max, 4)}))

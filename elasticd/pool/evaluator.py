@@ -18,7 +18,7 @@ from itertools import islice
 
 from elasticd.pool.report import Report
 
-__all__ = ["METRICS_WINDOW", "SMOOTHING_ROWS", "Forward", "Rates", "Row", "Window", "components_of",
+__all__ = ["METRICS_WINDOW", "SMOOTHING_ROWS", "ForwardSnapshot", "Rates", "Row", "Window", "components_of",
            "history_of", "occupancy", "rates_of", "row_components"]
 
 METRICS_WINDOW = 60
@@ -26,7 +26,7 @@ SMOOTHING_ROWS = 6
 
 
 @dataclass(frozen=True, slots=True)
-class Forward:
+class ForwardSnapshot:
     """The front's cumulative counters for one worker, snapshotted when a report is archived."""
 
     requests: int
@@ -38,7 +38,7 @@ class Forward:
 class Row:
     ts: float
     report: Report
-    forward: Forward | None = None
+    forward: ForwardSnapshot | None = None
 
 
 class Window:

@@ -28,12 +28,12 @@ from typing import Any
 
 from elasticd.background import Background
 from elasticd.config.model import Config, PoolSettings, Server
-from elasticd.pool.budget import UNLIMITED, Budget, holds
+from elasticd.pool.budget import UNLIMITED, Budget, limit_bindings
 from elasticd.pool.drain import drain_verdict
 from elasticd.pool.evacuate import Evacuation, PoolMover, evacuate
 from elasticd.pool.evaluator import (
     SMOOTHING_ROWS,
-    Forward,
+    ForwardSnapshot,
     Row,
     Window,
     components_of,
@@ -329,7 +329,7 @@ class PoolManager:
             entry.wall = budget.wall
             self._reevaluate(entry)
         counters = self._forwards.worker(worker_id)
-        forward = Forward(counters.requests, counters.errors, counters.seconds)
+        forward = ForwardSnapshot(counters.requests, counters.errors, counters.seconds)
         window = entry.windows.setdefault(worker_id, Window())
         window.add(Row(now, report, forward))
         entry.occupancy[worker_id] = occupancy(window.rows, entry.pool.memory_limit, cpu_wall=entry.wall)
@@ -371,7 +371,7 @@ class PoolManager:
         if budget is None:
             budget = self._budget(key[0], key[1])
         # What one more worker would add, only where a limit can be passed (this runs at every report and login).
-        binding = holds(budget, entry.pool,
+        binding = limit_bindings(budget, entry.pool,
                         worker_rss=self._mean_rss(entry, views) if budget.memory_max is not None else None,
                         worker_pids=self._pids_per_worker(key[0], budget) if budget.pids_max is not None else None)
         decision = check_capacity(views, entry.pool, spawning=len(entry.spawning) + unmeasured,

@@ -32,8 +32,23 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["ASK_SNAPSHOT", "DURATION_BOUNDS", "RELEASE", "REPLACE", "SEND_INSTALL", "SWITCH", "TRANSITIONS", "Event",
-           "Move", "MoveBook", "MoveError", "MoveStats", "MoveSummary", "Outcome", "Step"]
+__all__ = [
+    "ASK_SNAPSHOT",
+    "DURATION_BOUNDS",
+    "RELEASE",
+    "REPLACE",
+    "SEND_INSTALL",
+    "SWITCH",
+    "TRANSITIONS",
+    "Move",
+    "MoveBook",
+    "MoveError",
+    "MoveEvent",
+    "MoveStats",
+    "MoveSummary",
+    "Outcome",
+    "Step",
+]
 
 
 class Step(enum.Enum):
@@ -44,7 +59,7 @@ class Step(enum.Enum):
     ABORTED = "aborted"  # U stays on A (or is placed anew when A died); its held requests went there
 
 
-class Event(enum.Enum):
+class MoveEvent(enum.Enum):
     QUIESCED = "quiesced"
     SNAPSHOT = "snapshot"  # A's package came
     INSTALLED = "installed"  # B's ok came
@@ -77,25 +92,25 @@ REPLACE: Final = 16  # with RELEASE: U has no worker any more (the source died);
 
 
 _LIVE: Final = (Step.QUIESCING, Step.SNAPSHOTTING, Step.INSTALLING)
-_ABORTS: Final = (Event.TIMEOUT, Event.REFUSED, Event.SOURCE_DIED, Event.TARGET_DIED)
+_ABORTS: Final = (MoveEvent.TIMEOUT, MoveEvent.REFUSED, MoveEvent.SOURCE_DIED, MoveEvent.TARGET_DIED)
 
-TRANSITIONS: Final[dict[tuple[Step, Event], Step]] = {
-    (Step.QUIESCING, Event.QUIESCED): Step.SNAPSHOTTING,  # or SWITCHED for a move without a package
-    (Step.SNAPSHOTTING, Event.SNAPSHOT): Step.INSTALLING,
-    (Step.INSTALLING, Event.INSTALLED): Step.SWITCHED,
+TRANSITIONS: Final[dict[tuple[Step, MoveEvent], Step]] = {
+    (Step.QUIESCING, MoveEvent.QUIESCED): Step.SNAPSHOTTING,  # or SWITCHED for a move without a package
+    (Step.SNAPSHOTTING, MoveEvent.SNAPSHOT): Step.INSTALLING,
+    (Step.INSTALLING, MoveEvent.INSTALLED): Step.SWITCHED,
     **{(step, event): Step.ABORTED for step in _LIVE for event in _ABORTS
-       if not (step is Step.QUIESCING and event is Event.REFUSED)},  # nobody was asked anything yet
+       if not (step is Step.QUIESCING and event is MoveEvent.REFUSED)},  # nobody was asked anything yet
 }
 
 # What each abort is called, by the step it came in and why.
-_ABORTED_AS: Final[dict[tuple[Step, Event], Outcome]] = {
-    (Step.QUIESCING, Event.TIMEOUT): Outcome.QUIESCE_TIMEOUT,
-    (Step.SNAPSHOTTING, Event.TIMEOUT): Outcome.SOURCE_TIMEOUT,
-    (Step.INSTALLING, Event.TIMEOUT): Outcome.TARGET_TIMEOUT,
-    (Step.SNAPSHOTTING, Event.REFUSED): Outcome.SOURCE_REFUSED,
-    (Step.INSTALLING, Event.REFUSED): Outcome.TARGET_REFUSED,
-    **{(step, Event.SOURCE_DIED): Outcome.SOURCE_DIED for step in _LIVE},
-    **{(step, Event.TARGET_DIED): Outcome.TARGET_DIED for step in _LIVE},
+_ABORTED_AS: Final[dict[tuple[Step, MoveEvent], Outcome]] = {
+    (Step.QUIESCING, MoveEvent.TIMEOUT): Outcome.QUIESCE_TIMEOUT,
+    (Step.SNAPSHOTTING, MoveEvent.TIMEOUT): Outcome.SOURCE_TIMEOUT,
+    (Step.INSTALLING, MoveEvent.TIMEOUT): Outcome.TARGET_TIMEOUT,
+    (Step.SNAPSHOTTING, MoveEvent.REFUSED): Outcome.SOURCE_REFUSED,
+    (Step.INSTALLING, MoveEvent.REFUSED): Outcome.TARGET_REFUSED,
+    **{(step, MoveEvent.SOURCE_DIED): Outcome.SOURCE_DIED for step in _LIVE},
+    **{(step, MoveEvent.TARGET_DIED): Outcome.TARGET_DIED for step in _LIVE},
 }
 
 
@@ -147,7 +162,7 @@ class Move:
     def over(self) -> bool:
         return self.step is Step.SWITCHED or self.step is Step.ABORTED
 
-    def _step(self, event: Event) -> Step:
+    def _step(self, event: MoveEvent) -> Step:
         to = TRANSITIONS.get((self.step, event))
         if to is None:
             raise MoveError(f"{event.value} is not legal while {self.step.value} (move {self.move_id} of "
@@ -158,7 +173,7 @@ class Move:
 
     def quiesced(self, now: float) -> int:
         """U has nothing open any more (no request in the open-requests dict, no tunnel)."""
-        self._step(Event.QUIESCED)
+        self._step(MoveEvent.QUIESCED)
         if not self.stateful:
             return self._switch(now)
         self.step = Step.SNAPSHOTTING
@@ -166,7 +181,7 @@ class Move:
 
     def snapshot(self, package: bytes, now: float) -> int:
         """A's package for U (it may be empty: a user with no state is still moved with its package)."""
-        self.step = self._step(Event.SNAPSHOT)
+        self.step = self._step(MoveEvent.SNAPSHOT)
         self.package = package
         self.package_bytes = len(package)
         return SEND_INSTALL
@@ -181,19 +196,19 @@ class Move:
 
     def installed(self, now: float) -> int:
         """B's ok: the package is installed."""
-        self._step(Event.INSTALLED)
+        self._step(MoveEvent.INSTALLED)
         return self._switch(now)
 
     def refused(self, why: str, now: float) -> int:
         """A would not snapshot, or B would not install (``why``: what it said)."""
-        return self._abort(Event.REFUSED, why, now)
+        return self._abort(MoveEvent.REFUSED, why, now)
 
     def worker_died(self, worker: str, now: float) -> int:
         """A worker exited; a move neither of whose workers it is goes on (0)."""
         if worker == self.source:
-            return self._abort(Event.SOURCE_DIED, f"{worker} exited", now)
+            return self._abort(MoveEvent.SOURCE_DIED, f"{worker} exited", now)
         if worker == self.target:
-            return self._abort(Event.TARGET_DIED, f"{worker} exited", now)
+            return self._abort(MoveEvent.TARGET_DIED, f"{worker} exited", now)
         return 0
 
     def tick(self, now: float) -> int:
@@ -203,7 +218,7 @@ class Move:
         waited = {Step.QUIESCING: f"{self.user} still had a request open",
                   Step.SNAPSHOTTING: f"{self.source} did not answer the snapshot",
                   Step.INSTALLING: f"{self.target} did not answer the install"}[self.step]
-        return self._abort(Event.TIMEOUT, f"{waited} after {self.deadline - self.started:g}s", now)
+        return self._abort(MoveEvent.TIMEOUT, f"{waited} after {self.deadline - self.started:g}s", now)
 
     def abort(self, error: BaseException, now: float) -> int:
         """Fail closed (an illegal step, a bug of ours): U stays on A, its held requests go there."""
@@ -219,7 +234,7 @@ class Move:
         self._ended(Outcome.MOVED, "", self.target, now)
         return SWITCH | RELEASE
 
-    def _abort(self, event: Event, why: str, now: float) -> int:
+    def _abort(self, event: MoveEvent, why: str, now: float) -> int:
         before = self.step
         self.step = self._step(event)  # ABORTED, or MoveError when the move cannot abort so (e.g. it ended)
         outcome = _ABORTED_AS[(before, event)]

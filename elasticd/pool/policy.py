@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticd.config.model import PoolSettings
-from elasticd.pool.budget import Hold
+from elasticd.pool.budget import LimitBinding
 
 __all__ = ["PoolDecision", "WorkerView", "admit", "check_capacity", "next_hold", "place_login"]
 
@@ -83,7 +83,7 @@ def place_login(workers: Sequence[WorkerView], pool: PoolSettings, *, current: s
 
 
 def check_capacity(workers: Sequence[WorkerView], pool: PoolSettings, *, spawning: int, held: int | None = None,
-                   holds: Sequence[Hold] = (), measuring: bool = False) -> PoolDecision | None:
+                   holds: Sequence[LimitBinding] = (), measuring: bool = False) -> PoolDecision | None:
     """Rule 3: a scale-up (or ``held``) decision, or None when the group places well or a guard holds.
 
     ``workers``: the routable ones; ``held``: every worker the supervisor holds for the group and has not
@@ -116,7 +116,7 @@ def check_capacity(workers: Sequence[WorkerView], pool: PoolSettings, *, spawnin
     return PoolDecision("scale-up", None, reason, numbers)
 
 
-def next_hold(bound: frozenset[str], binding: Sequence[Hold], decision: PoolDecision | None, *,
+def next_hold(bound: frozenset[str], binding: Sequence[LimitBinding], decision: PoolDecision | None, *,
               measuring: bool) -> tuple[frozenset[str], bool]:
     """The resources holding a group after this check, and whether that is a new hold (for the journal).
 

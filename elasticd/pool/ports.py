@@ -9,11 +9,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from elasticd.supervisor.lifecycle import WorkerState
+from elasticd.supervisor.plan import GroupKey  # (tenant, app, group): one definition, the supervisor's
 
 __all__ = ["GroupKey", "PoolCounters", "PoolForwards", "PoolSupervisor", "PoolSurface", "PoolUser", "PoolWorker"]
-
-GroupKey = tuple[str, str, str]
-
 
 class PoolWorker(Protocol):
     """What the pool reads of a supervised worker (``supervisor.worker.Worker``)."""

@@ -15,7 +15,7 @@ from typing import Final
 
 from elasticd.config.model import Quotas, default_burst
 
-__all__ = ["CONCURRENCY", "RATE", "ConcurrencyGate", "QuotaBook", "Refusal", "TenantQuota", "TokenBucket",
+__all__ = ["CONCURRENCY", "RATE", "ConcurrencyGate", "QuotaBook", "QuotaRefusal", "TenantQuota", "TokenBucket",
            "retry_after"]
 
 CONCURRENCY: Final = "concurrency"
@@ -93,7 +93,7 @@ class ConcurrencyGate:
 
 
 @dataclass(frozen=True, slots=True)
-class Refusal:
+class QuotaRefusal:
     """Why a request was refused: the status, the Retry-After seconds, and the metric's reason."""
 
     status: int
@@ -103,12 +103,12 @@ class Refusal:
 
 # Over the concurrency limit: a slot frees when some request ends, which the front cannot predict; one
 # second is the shortest whole-second hint.
-_BUSY: Final = Refusal(503, 1, CONCURRENCY)
+_BUSY: Final = QuotaRefusal(503, 1, CONCURRENCY)
 
 
 class TenantQuota:
     """The gate and the bucket of one tenant. ``admit`` → None (go on; call ``leave`` when the answer is
-    done) or the ``Refusal``. The gate is asked first: a request refused for concurrency takes no token."""
+    done) or the ``QuotaRefusal``. The gate is asked first: a request refused for concurrency takes no token."""
 
     __slots__ = ("bucket", "gate")
 
@@ -116,14 +116,14 @@ class TenantQuota:
         self.gate = ConcurrencyGate(quotas.max_concurrent_requests)
         self.bucket = _bucket(quotas, now)
 
-    def admit(self, now: float) -> Refusal | None:
+    def admit(self, now: float) -> QuotaRefusal | None:
         gate = self.gate
         if gate.limit is not None and gate.in_flight >= gate.limit:
             return _BUSY
         if self.bucket is not None:
             wait = self.bucket.take(now)
             if wait:
-                return Refusal(429, retry_after(wait), RATE)
+                return QuotaRefusal(429, retry_after(wait), RATE)
         gate.in_flight += 1
         return None
 
