@@ -10,6 +10,7 @@ import contextlib
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -24,10 +25,28 @@ import psutil
 PYTHON = sys.executable
 
 
+# Ports for the tests' servers come from below Linux's ephemeral range (32768-60999 by default): a port that
+# bind(0) gave and the test then released could be taken, before the server binds it, by any outgoing connection
+# (a worker's, a client's), which draws from that range; and two calls could return the same just-released port.
+# Once in a clean-clone run a daemon's front failed on "address already in use" that way.
+_PORTS = range(20000, 32768)
+_given: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, never one given before in this test run, outside the ephemeral range."""
+    for _ in range(200):
+        port = random.choice(_PORTS)
+        if port in _given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port in {_PORTS.start}-{_PORTS.stop - 1} after 200 tries")
 
 
 def fake_cgroup_tree(path: Path, controllers: str = "cpu memory pids io") -> Path:

@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import psutil
 import pytest
+from harness import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -68,10 +69,6 @@ class DemoWorker:
         return self.proc.returncode
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def get(worker: DemoWorker, path: str, **kwargs: Any) -> tuple[int, str]:
