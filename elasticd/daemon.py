@@ -410,12 +410,11 @@ class Daemon:
         the tenants' worker process trees, and the report says so."""
         tree, config = self.cgroups.tree, self.config
         if tree is None:
-            trees = {
-                tenant.name: (tuple(pid for app in tenant.apps.values() for pid in self._worker_pids(tenant, app)),
-                              self.limits.resources_of(tenant.name),
-                              {app.name: self._worker_pids(tenant, app) for app in tenant.apps.values()})
-                for tenant in config.tenants.values()
-            }
+            trees = {}
+            for tenant in config.tenants.values():
+                by_app = {app.name: self._worker_pids(tenant, app) for app in tenant.apps.values()}
+                trees[tenant.name] = (tuple(pid for pids in by_app.values() for pid in pids),
+                                      self.limits.resources_of(tenant.name), by_app)
             report = await measure(trees, interval_ms, apps=apps, read=read_process_trees, threaded=True)
             warning = self.cgroups.decision.warning if self.cgroups.decision else None
             return {"measured": "process trees", "note": MEASURED_BY_TREES,

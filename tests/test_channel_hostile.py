@@ -117,7 +117,8 @@ def test_hostile_tenants_are_refused_counted_and_the_neighbour_is_served(hostile
     # 3 s, when a line per reason is still a tenth of the refusals; a log that said every refusal never gets there.)
     while True:
         said = [line for line in d.log_text().splitlines() if "channel: refused" in line]
-        total = sum(sum(_refused(_metrics(d), TENANT_OF[attack]).values()) for attack in ATTACKS)
+        page = _metrics(d)
+        total = sum(sum(_refused(page, TENANT_OF[attack]).values()) for attack in ATTACKS)
         if total > 10 * len(said) or time.monotonic() > deadline + 20:
             break
         time.sleep(0.5)

@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["DEFAULT_SOCKET", "AdminClient", "ApiError", "CommandRefused"]
+__all__ = ["DEFAULT_SOCKET", "AdminClient", "ApiError", "CommandRefused", "error_of"]
 
 DEFAULT_SOCKET = "/run/elasticd/admin.sock"
 
@@ -60,11 +60,12 @@ class AdminClient:
         """The answer's JSON when elasticd says 200; else CommandRefused(what, its error)."""
         code, data = await self.request(method, path, body)
         if code != 200:
-            raise CommandRefused(what, _error(data, code))
+            raise CommandRefused(what, error_of(data, code))
         return data
 
 
-def _error(data: Any, code: int) -> str:
+def error_of(data: Any, code: int) -> str:
+    """What elasticd said went wrong: its ``error``, or the HTTP status when it said nothing."""
     return str(data.get("error") or f"HTTP {code}") if isinstance(data, dict) else f"HTTP {code}"
 
 

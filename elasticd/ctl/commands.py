@@ -18,7 +18,7 @@ from elasticd.accounting.high import SORTS, render_high
 from elasticd.config.units import UnitError, parse_duration
 from elasticd.monitor.terminal import render_population, render_watch
 
-from .client import DEFAULT_SOCKET, AdminClient, ApiError, CommandRefused
+from .client import DEFAULT_SOCKET, AdminClient, ApiError, CommandRefused, error_of
 from .render import render_limits, render_pool, render_status
 
 __all__ = ["main", "parser"]
@@ -35,7 +35,7 @@ async def _reload(client: AdminClient, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
     if code != 200 or not data.get("ok"):  # (its JSON printed first all the same: the refusal is in it)
-        raise CommandRefused("reload refused", str(data.get("error") or f"HTTP {code}"))
+        raise CommandRefused("reload refused", error_of(data, code))
     for problem in data.get("problems", []):
         print(f"warning: {problem}", file=sys.stderr)
     if not args.json:

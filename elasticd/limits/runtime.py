@@ -67,8 +67,8 @@ class RuntimeLimits:
             request = parse_limit_request(body)
         except ConfigError as exc:
             return LimitsReply(400, {"error": str(exc)})
-        if tenant not in self._config().tenants:
-            return LimitsReply(404, {"error": f'no tenant "{tenant}" in the running configuration'})
+        if (unknown := self._unknown(tenant)) is not None:
+            return unknown
         async with self._lock:
             if request.persist:
                 return await self._persist(tenant, request.typed, frozenset(request.values))
@@ -86,8 +86,8 @@ class RuntimeLimits:
             chosen = parse_clear_request(names)
         except ConfigError as exc:
             return LimitsReply(400, {"error": str(exc)})
-        if tenant not in self._config().tenants:
-            return LimitsReply(404, {"error": f'no tenant "{tenant}" in the running configuration'})
+        if (unknown := self._unknown(tenant)) is not None:
+            return unknown
         async with self._lock:
             remaining, cleared = clear_overrides(self.overrides.get(tenant, {}), chosen)
             if remaining:
@@ -100,6 +100,11 @@ class RuntimeLimits:
             body = self._reply(tenant, problems, persisted=False)
             body["cleared"] = cleared
             return LimitsReply(200, body)
+
+    def _unknown(self, tenant: str) -> LimitsReply | None:
+        if tenant in self._config().tenants:
+            return None
+        return LimitsReply(404, {"error": f'no tenant "{tenant}" in the running configuration'})
 
     async def _persist(self, tenant: str, typed: Mapping[str, Any], attrs: frozenset[str]) -> LimitsReply:
         fields: dict[str, Any] = {k: (v if k == "io_weight" else str(v)) for k, v in typed.items()}
