@@ -17,37 +17,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hmac
 import logging
 import math
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from elasticd import __version__
-from elasticd.accounting.process_trees import MEASURED_BY_TREES, read_process_trees
 from elasticd.accounting.sampler import Sampler
-from elasticd.accounting.usage import measure
 from elasticd.agent.listener import AgentListener
 from elasticd.agent.rooms import AgentRooms
 from elasticd.api.server import AdminApi, SocketInUse
 from elasticd.background import Background
 from elasticd.cgroup.activation import Activation, CgroupRefused
-from elasticd.config import App, Config, ConfigError, PoolSettings, Quotas, Resources, Tenant, load_config
+from elasticd.channel_auth import ChannelAuth
+from elasticd.config import Config, ConfigError, PoolSettings, Quotas, Resources, load_config
 from elasticd.config.notices import balancer_warnings, isolation_warnings, restart_only_changes
-from elasticd.front import Front, RouteTable, Upstream
+from elasticd.control import DaemonControl, DaemonParts, ReloadResult
+from elasticd.front import Front, RouteTable
 from elasticd.limits.overrides import effective
-from elasticd.limits.runtime import LimitsReply, RuntimeLimits
+from elasticd.limits.runtime import RuntimeLimits
 from elasticd.metrics import MetricsServer
 from elasticd.monitor.auth import read_credentials
-from elasticd.monitor.census import ask_all
 from elasticd.monitor.page import MonitorPage
-from elasticd.monitor.population import fuse, population_counts
 from elasticd.pool.budget import CPU_SAMPLES, UNLIMITED, Budget, budget_of, enforced
 from elasticd.pool.channel import ChannelServer
 from elasticd.pool.channel_metrics import ChannelCollector
@@ -55,16 +50,15 @@ from elasticd.pool.evaluator import SMOOTHING_ROWS
 from elasticd.pool.manager import PoolManager
 from elasticd.pool.mover import Mover
 from elasticd.pool.pool_metrics import PoolCollector
-from elasticd.pool.sensing import in_process_tree
 from elasticd.probes.capacity_metrics import CapacityCollector
 from elasticd.probes.publish import RegistryPage, read_registry
 from elasticd.probes.wiring import CapacityWiring
 from elasticd.supervisor.lifecycle import GONE, WILL_SERVE, WorkerState
-from elasticd.supervisor.sandbox import sandbox_for
 from elasticd.supervisor.spawn import channel_path
 from elasticd.supervisor.supervisor import Supervisor
 from elasticd.supervisor.worker import Worker
 from elasticd.systemd import Notifier, setup_logging
+from elasticd.upstream_lists import UpstreamLists
 from elasticd.worker_ids import parse_worker_id
 
 __all__ = ["Daemon", "main"]
@@ -74,25 +68,14 @@ log = logging.getLogger("elasticd")
 DEFAULT_CONFIG = "/etc/elastic.yaml"
 
 
-@dataclass(slots=True)
-class ReloadResult:
-    ok: bool
-    error: str | None = None
-    problems: list[str] = field(default_factory=list)
-    at: float = field(default_factory=time.time)
-
-
 class Daemon:
     __slots__ = (
         "_controllers",
         "_draining_stop",
         "_reload_lock",
-        "_routing",
-        "_routing_version",
         "_said",
         "_stop",
         "_tasks",
-        "_upstream_of",
         "agent",
         "api",
         "capacity",
@@ -100,6 +83,7 @@ class Daemon:
         "channel",
         "config",
         "config_path",
+        "control",
         "front",
         "last_reload",
         "limits",
@@ -110,8 +94,8 @@ class Daemon:
         "pool",
         "registry",
         "sampler",
-        "started_at",
         "supervisor",
+        "upstreams",
     )
 
     def __init__(self, config: Config, config_path: str) -> None:
@@ -124,7 +108,9 @@ class Daemon:
                                      occupancy_interval=server.occupancy_interval,
                                      systemd_cat=Supervisor.journal_for_workers())
         self.supervisor.on_worker_state = self._on_worker_state
-        self.front = Front(server.listen, RouteTable.from_config(config), self._upstreams,
+        # The front asks for a group's upstreams at every request: the pool's routable workers, cached (see there).
+        self.upstreams = UpstreamLists(self.supervisor, lambda key: self.capacity.nodes.get(key))
+        self.front = Front(server.listen, RouteTable.from_config(config), self.upstreams,
                            quotas=_quotas(config), request_timeout=server.request_timeout, user_ttl=server.user_ttl,
                            move_timeout=server.move_timeout)
         self.limits = RuntimeLimits(lambda: self.config, config_path,
@@ -134,39 +120,42 @@ class Daemon:
                                 interval=server.occupancy_interval, hung_after=server.hung_after,
                                 budget=self._budget, tunnels=self.front.tunnels_by_worker,
                                 user_tunnels=self.front.tunnels_of)
+        self.upstreams.wire(self.pool)
         self.front.on_login = self.pool.on_login
         self.front.wake = self.pool.wake  # a request for a group at zero workers starts one and waits for it
+        self.pool.on_wake_failed = self.front.wake_failed
         self.supervisor.drain = lambda workers, timeout: self.pool.wait_drained([w.id for w in workers], timeout)
-        self.channel = ChannelServer(server.runtime_dir, self._authenticate, self.pool.on_report,
+        self.channel = ChannelServer(server.runtime_dir, ChannelAuth(self.supervisor), self.pool.on_report,
                                      interval=server.occupancy_interval)
         # Live moves: compaction and `elasticctl drain` carry each user's state to its next worker.
         self.mover = Mover(self.front, self.channel, on_end=self.pool.record_move, package_limit=self._package_limit)
         self.pool.mover = self.mover
-        self.front.kept = self._kept
+        self.front.kept = self.upstreams.kept
         # Capacity probes (seed 001): readings narrow the front's admission and feed the pool's occupancy.
         self.capacity = CapacityWiring(self.front, self.pool, self.supervisor)
         self.front.place = self.capacity.place
         self.sampler = Sampler()
-        self.monitor = MonitorPage(self.monitor_state)  # its credentials are read in run() (and at each reload)
+        self.control = DaemonControl(
+            DaemonParts(self.supervisor, self.front, self.pool, self.capacity, self.channel, self.cgroups, self.limits,
+                        self.sampler),
+            config=lambda: self.config, config_path=config_path, reload=self.reload,
+            last_reload=lambda: self.last_reload)
+        self.monitor = MonitorPage(self.control.monitor_state)  # its credentials are read in run() (and at each reload)
         self.registry = RegistryPage(self.capacity.registry_apps)  # its secret too
         self.metrics = MetricsServer(server.metrics_listen, self.sampler, self._limits_in_force,
                                      extra_collectors=[self.front.collector(), PoolCollector(self.pool),
                                                        ChannelCollector(self.channel),
                                                        CapacityCollector(self.capacity.state)],
                                      routes=[self.monitor.add_routes, self.registry.add_routes])
-        self.api = AdminApi(self, server.admin_socket, server.admin_group)
+        self.api = AdminApi(self.control, server.admin_socket, server.admin_group)
         # HAProxy's agent-check (server.agent_listen): each host's room, in HAProxy's own protocol.
         rooms = AgentRooms(self.pool, self.supervisor)
         self.agent = AgentListener(server.agent_listen, rooms) if server.agent_listen is not None else None
         self._draining_stop = False  # a stop is answering `drain` for server.stop_drain first
-        self.started_at = time.time()
         self.last_reload: ReloadResult | None = None
         self._reload_lock = asyncio.Lock()
         self._stop = asyncio.Event()
         self._tasks = Background(log, "a background task of the daemon")  # activations, reloads, removals
-        self._upstream_of: dict[str, Upstream] = {}
-        self._routing: dict[tuple[str, str, str], list[Upstream]] = {}  # see _upstreams
-        self._routing_version = -1
         self._controllers: dict[str, frozenset[str]] = {}  # per tenant, read at each activation
         self._said: set[str] = set()  # warnings given once per start
 
@@ -184,43 +173,6 @@ class Daemon:
         return budget_of(self.sampler.history(("tenant", tenant)), resources,
                          app_samples=self.sampler.history(("app", tenant, app)))
 
-    def _upstreams(self, tenant: str, app: str, group: str) -> list[Upstream]:
-        """Called by the front for every request: the pool's routable workers (the one draining filter), as
-        Upstreams. Worked out once per group until what is routable may have changed — a worker's state, a
-        group's membership (the supervisor's ``changes``), a drain (the pool's) — not per request: with N
-        workers that is O(N) Python a request. The list is shared: the front only reads it."""
-        version = self.supervisor.changes + self.pool.changes  # both only grow: their sum moves with either
-        if version != self._routing_version:
-            self._routing.clear()
-            self._routing_version = version
-        key = (tenant, app, group)
-        upstreams = self._routing.get(key)
-        if upstreams is None:
-            nodes = self.capacity.nodes.get(key)
-            if nodes is not None:  # a nodes: group: its upstreams are the config's (a reload moves the version)
-                self._routing[key] = nodes
-                return nodes
-            cache = self._upstream_of
-            upstreams = []
-            for w in self.pool.routable(key):
-                upstream = cache.get(w.id)
-                if upstream is None:
-                    upstream = cache[w.id] = Upstream(w.id, w.socket_path)
-                upstreams.append(upstream)
-            self._routing[key] = upstreams
-        return upstreams
-
-    def _kept(self, worker_id: str) -> Upstream | None:
-        """A worker being emptied by live moves, while it still runs: the front sends it the users pinned to it
-        (those waiting their turn to be moved off), though the routable lists leave it out."""
-        worker = self.supervisor.find(worker_id)
-        if worker is None or not worker.routable or worker_id not in self.pool.draining:
-            return None
-        upstream = self._upstream_of.get(worker_id)
-        if upstream is None:
-            upstream = self._upstream_of[worker_id] = Upstream(worker_id, worker.socket_path)
-        return upstream
-
     def _package_limit(self, worker_id: str) -> int:
         """The most bytes a package from this worker may have: its group's ``pool.max_package``."""
         parts = parse_worker_id(worker_id)
@@ -229,28 +181,13 @@ class Daemon:
         group = app.groups.get(parts.group) if app is not None and parts is not None else None
         return group.pool.max_package if group is not None else PoolSettings().max_package
 
-    def _authenticate(self, tenant: str, worker_id: str, token: str, pid: int, uid: int) -> str | None:
-        """A channel peer is the worker it claims only on its own tenant's socket, with that worker's token, from
-        its process tree, and (for a tenant with a user) with that user's uid."""
-        worker = self.supervisor.find(worker_id)
-        if worker is None or worker.tenant != tenant:
-            return f"no worker {worker_id[:80]!r} of tenant {tenant} runs here"
-        if not worker.token or not hmac.compare_digest(token.encode(), worker.token.encode()):
-            return f"wrong token for worker {worker_id}"
-        run_as = worker.spec.run_as
-        if run_as is not None and uid != run_as.uid:
-            return f"uid {uid} is not the uid of tenant {worker.tenant}'s user {run_as.user} ({run_as.uid})"
-        if worker.pid is None or not in_process_tree(pid, worker.pid):
-            return f"pid {pid} is not in the process tree of worker {worker_id}"
-        return None
-
     def _on_worker_state(self, worker: Worker) -> None:
         self.notifier.status(self.supervisor.summary())
         key = (worker.tenant, worker.app, worker.group)
         if worker.routable:
             self.pool.on_routable(worker.id)
             self.front.woke(key)  # requests waiting for a group at zero: they go to it now
-        elif worker.state == WorkerState.FAILED or (worker.state in GONE and not any(
+        elif worker.state == WorkerState.FAILED or (worker.state in GONE and not self.pool.owes_start(key) and not any(
                 w.state in WILL_SERVE for w in self.supervisor.workers_of(key))):
             self.front.wake_failed(key, f"its worker {worker.id} did not start ({worker.state})")
         if worker.routable or worker.state in GONE:
@@ -262,7 +199,7 @@ class Daemon:
             self.mover.worker_died(worker.id)  # a move from it places its user anew; one to it aborts
             self.channel.forget(worker.id)  # what its library announced: a new process announces again
             if worker.state == WorkerState.STOPPED:  # gone for good (a restart keeps its id and socket path)
-                self._upstream_of.pop(worker.id, None)
+                self.upstreams.forget(worker.id)
                 self.front.forget_worker(worker.id)  # its connections and its forward counters
             else:
                 self.front.close_upstream(worker.id)
@@ -353,123 +290,6 @@ class Daemon:
             status = self.supervisor.summary()
             self.notifier.ready(status if result.ok else f"{status}; last reload refused: invalid configuration")
             return result
-
-    async def set_limits(self, tenant: str, body: Any) -> LimitsReply:
-        return await self.limits.set(tenant, body)
-
-    async def clear_limits(self, tenant: str, names: str | None) -> LimitsReply:
-        return await self.limits.clear(tenant, names)
-
-    async def drain(self, worker_id: str) -> dict[str, Any]:
-        """POST /v1/workers/{worker}/drain: KeyError for no such worker, ValueError when it is draining."""
-        result = await self.pool.drain(worker_id)
-        return {"worker": worker_id, "empty": result.empty, "moved": result.moved,
-                "failed": [list(failure) for failure in result.failed], "left": result.left}
-
-    def pool_state(self, tenant: str, app: str) -> dict[str, Any]:
-        """GET /v1/apps/{tenant}/{app}/pool; LookupError for an app that is not configured."""
-        configured = self.config.tenants.get(tenant)
-        if configured is None or app not in configured.apps:
-            raise LookupError(f"no app {tenant}/{app} in the running configuration")
-        surface = self.front.surface
-
-        def users_of(worker_id: str) -> list[dict[str, Any]]:
-            # The id is a session secret: the admin API shows a prefix that is enough to tell users apart.
-            return [{"user": user[:8], "login": rec.login, "requests": rec.requests,
-                     "seconds": round(rec.seconds, 3)} for user, rec in surface.on(worker_id)]
-
-        return self.capacity.describe_pool(self.pool.describe(tenant, app, users_of))
-
-    async def population(self, tenant: str, app: str) -> dict[str, Any]:
-        """GET /v1/apps/{tenant}/{app}/population: every user of the app, fused from the workers' registers
-        (asked over the channel, all at once) and the front's consumption; LookupError for an unknown app."""
-        configured = self.config.tenants.get(tenant)
-        if configured is None or app not in configured.apps:
-            raise LookupError(f"no app {tenant}/{app} in the running configuration")
-        workers = [(w.id, group) for group in configured.apps[app].groups
-                   for w in self.supervisor.workers_of((tenant, app, group)) if w.routable]
-        answers = await ask_all(self.channel, workers)
-        surface = self.front.surface
-        rows = fuse(answers, list(surface.users.items()), self.front.clock(), surface.newcomers.snapshot())
-        return {"tenant": tenant, "app": app, **population_counts(rows), "rows": rows}
-
-    async def monitor_state(self, app: str | None) -> dict[str, Any]:
-        """The monitor page's state (GET /monitor/state): the apps, and for one of them (the first when None)
-        its pool and its population. LookupError for an app that is not configured."""
-        apps = [f"{t.name}/{a.name}" for t, a in self.config.apps()]
-        chosen = app if app is not None else (apps[0] if apps else None)
-        state: dict[str, Any] = {"apps": apps, "app": chosen, "at": time.time(), "version": __version__}
-        if chosen is not None:
-            tenant, _, name = chosen.partition("/")
-            state["pool"] = self.pool_state(tenant, name)
-            state["population"] = await self.population(tenant, name)
-        return state
-
-    async def usage(self, interval_ms: int, apps: bool) -> dict[str, Any]:
-        """Two reads of the tenant groups, ``interval_ms`` apart (GET /v1/tenants/usage); without cgroups, of
-        the tenants' worker process trees, and the report says so."""
-        tree, config = self.cgroups.tree, self.config
-        if tree is None:
-            trees = {}
-            for tenant in config.tenants.values():
-                by_app = {app.name: self._worker_pids(tenant, app) for app in tenant.apps.values()}
-                trees[tenant.name] = (tuple(pid for pids in by_app.values() for pid in pids),
-                                      self.limits.resources_of(tenant.name), by_app)
-            report = await measure(trees, interval_ms, apps=apps, read=read_process_trees, threaded=True)
-            warning = self.cgroups.decision.warning if self.cgroups.decision else None
-            return {"measured": "process trees", "note": MEASURED_BY_TREES,
-                    "why": warning or "server.cgroups.mode is off", **report}
-        targets = {
-            tenant.name: (tree.tenant_dir(tenant.name), self.limits.resources_of(tenant.name),
-                          {app: tree.leaf(tenant.name, app) for app in tenant.apps})
-            for tenant in config.tenants.values()
-        }
-        return {"measured": "cgroups", **await measure(targets, interval_ms, apps=apps, read=self.sampler.read_now)}
-
-    def _worker_pids(self, tenant: Tenant, app: App) -> tuple[int, ...]:
-        return tuple(w.pid for group in app.groups for w in self.supervisor.workers_of((tenant.name, app.name, group))
-                     if w.pid is not None)
-
-    # ------------------------------------------------------------------ status
-
-    def status(self) -> dict[str, Any]:
-        workers = self.supervisor.status()
-        users = self.front.surface.count_by_group()
-        tenants: dict[str, Any] = {}
-        for tenant in self.config.tenants.values():
-            apps: dict[str, Any] = {}
-            for app in tenant.apps.values():
-                apps[app.name] = {
-                    "domains": list(app.domains),
-                    "root": app.root,
-                    "leaf": self.cgroups.leaf(tenant.name, app.name),
-                    "default_group": app.default_group,
-                    "groups": {g: {"workers": workers.get((tenant.name, app.name, g), []),
-                                   "sticky_users": users.get((f"{tenant.name}/{app.name}", g), 0),
-                                   "active": g in app.active_groups}
-                               for g in app.groups},
-                    "canary": None if app.canary is None else {"group": app.canary.group,
-                                                               "share": app.canary.share},
-                }
-            run_as = tenant.run_as
-            tenants[tenant.name] = {"limits": self.limits.describe(tenant.name), "apps": apps,
-                                    "user": None if run_as is None else {"name": run_as.user, "uid": run_as.uid,
-                                                                         "group": run_as.group, "gid": run_as.gid},
-                                    "isolation": (view.describe() if (view := sandbox_for(self.config, tenant))
-                                                  is not None else None)}
-        last = self.last_reload
-        return {
-            "version": __version__,
-            "pid": os.getpid(),
-            "config": self.config_path,
-            "uptime": round(time.time() - self.started_at, 3),
-            "listen": str(self.config.server.listen),
-            "cgroups": self.cgroups.describe(self.config.server.cgroups.mode),
-            "last_reload": None if last is None else {
-                "ok": last.ok, "error": last.error, "problems": last.problems,
-                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last.at))},
-            "tenants": tenants,
-        }
 
     # ------------------------------------------------------------------ run
 

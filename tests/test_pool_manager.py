@@ -39,7 +39,7 @@ class Supervisor:
 
     def add_worker(self, key):
         worker = Worker(len(self.workers) + len(self.retired) + 1)
-        worker.routable = False
+        worker.routable, worker.state = False, "starting"
         self.workers.append(worker)
         return worker
 
@@ -266,3 +266,100 @@ async def test_a_start_up_spike_in_the_first_readings_does_not_grow_the_group():
     for t in range(2, 6):
         m.on_report("acme.shop.green.1", idle(), float(t))
     assert len(supervisor.workers) == 1  # the average came down before it could ask
+
+
+class SlowRetire(Supervisor):
+    """A supervisor whose retire takes the worker out of the list at once and stops it only when told: meanwhile
+    the worker is stopping, and still counted against max_workers."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.stopped = asyncio.Event()
+        self.stopping = False  # elasticd's stop: add_worker answers None
+
+    async def retire(self, worker_id):
+        self.workers = [w for w in self.workers if w.id != worker_id]
+        self.elsewhere += 1
+        await self.stopped.wait()
+        self.elsewhere -= 1
+        self.retired.append(worker_id)
+
+    def add_worker(self, key):
+        return None if self.stopping else super().add_worker(key)
+
+
+def at_zero(supervisor: Supervisor, maximum: int = 1) -> PoolManager:
+    m = PoolManager(supervisor, Surface(), ForwardCounters(), interval=1.0, tree_cpu=lambda pid: 0.0)
+    m.apply(_config(PoolSettings(min_workers=0, max_workers=maximum, idle_timeout=1.0)))
+    return m
+
+
+async def test_a_request_for_a_group_at_zero_starts_its_cold_start():
+    supervisor = Supervisor(0)
+    m = at_zero(supervisor)
+    assert m.wake(KEY) is True
+    assert [w.id for w in supervisor.workers] == ["acme.shop.green.1"]
+    assert m.wake(KEY) is True  # a second request waits for the same start
+    assert len(supervisor.workers) == 1
+    state = m.describe("acme", "shop", lambda w: [])["groups"]["green"]
+    assert state["cold_starts"]["starting"] == ["acme.shop.green.1"]
+    assert state["decisions"][-1]["reason"].startswith("cold start")
+
+
+async def test_a_request_during_an_idle_retire_waits_and_its_cold_start_follows_the_stop():
+    supervisor = SlowRetire(1)
+    m = at_zero(supervisor, maximum=1)
+    failed: list[str] = []
+    m.on_wake_failed = lambda key, why: failed.append(why)
+    clock = {"now": 0.0}
+    m._clock = lambda: clock["now"]
+    m.sense()
+    clock["now"] = 5.0
+    m.sense()  # idle past idle_timeout: the retire begins
+    await asyncio.sleep(0.05)
+    assert m.draining == {"acme.shop.green.1"} and not supervisor.workers
+    assert m.wake(KEY) is True  # at max_workers 1 only through the worker going: the request waits
+    assert m.owes_start(KEY) and supervisor.workers == []  # nothing started over the cap
+    supervisor.stopped.set()
+    for _ in range(40):
+        await asyncio.sleep(0.01)
+        if supervisor.workers:
+            break
+    assert supervisor.retired == ["acme.shop.green.1"]
+    assert [w.id for w in supervisor.workers] == ["acme.shop.green.2"] and not m.owes_start(KEY)
+    assert failed == []
+
+
+async def test_a_drain_while_elasticd_stops_keeps_the_worker_and_its_users():
+    supervisor = SlowRetire(1)
+    m = PoolManager(supervisor, Surface(), ForwardCounters(), interval=1.0, tree_cpu=lambda pid: 0.0)
+    m.apply(_config(PoolSettings(min_workers=1, max_workers=1)))
+    m._surface.users = {"alice": User("acme.shop.green.1", "alice")}
+    supervisor.stopping = True
+    try:
+        await m.drain("acme.shop.green.1")
+    except ValueError as refused:
+        assert "elasticd is stopping" in str(refused) and "kept, with its users" in str(refused)
+    else:
+        raise AssertionError("a drain that needs a replacement while elasticd stops must be refused")
+    assert m.draining == set() and not m._surface.users["alice"].pinned
+    assert m._surface.users["alice"].worker == "acme.shop.green.1"
+
+
+async def test_a_drain_at_max_workers_one_starts_its_replacement_in_the_drained_ones_place():
+    supervisor = Supervisor(1)
+    m = PoolManager(supervisor, Surface(), ForwardCounters(), interval=1.0, tree_cpu=lambda pid: 0.0)
+    m.apply(_config(PoolSettings(min_workers=1, max_workers=1)))
+    drain = asyncio.ensure_future(m.drain("acme.shop.green.1"))
+    await asyncio.sleep(0.05)
+    assert [w.id for w in supervisor.workers] == ["acme.shop.green.1", "acme.shop.green.2"]
+    supervisor.workers[1].routable = True
+    result = await asyncio.wait_for(drain, 5)
+    assert result.empty and supervisor.retired == ["acme.shop.green.1"]
+
+
+def _config(pool: PoolSettings) -> Config:
+    group = Group(name="green", command=("app",), pool=pool)
+    app = App(name="shop", domains=("shop.localhost",), root="/", default_group="green", groups={"green": group})
+    return Config(server=Server(occupancy_interval=1.0),
+                  tenants={"acme": Tenant("acme", Resources(), Quotas(), {"shop": app})})

@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from elasticd.pool import cap
+
 __all__ = ["MAX_HINT", "AppRoom", "GroupRoom", "Hint", "app_line", "host_line", "parse_hint", "weight_of"]
 
 MAX_HINT: Final = 256  # bytes: an agent-send string is a domain or tenant/app; anything longer is not ours
@@ -62,7 +64,8 @@ class GroupRoom:
         headroom = max(capacity - sum(self.occupancies), 0.0)
         if self.max_workers is None:
             return math.inf
-        startable = max(self.max_workers - max(self.held_workers, n), 0)
+        # (the routable ones count even when the supervisor's count lags: a worker just launched by a reload)
+        startable = cap.startable(self.max_workers, max(self.held_workers, n)) or 0
         if startable and not n and not self.held_workers:
             # at zero: the first to start is the reception, worth its own threshold
             return headroom + self.reception_threshold + (startable - 1) * self.admission_threshold

@@ -1,4 +1,5 @@
-"""Drains never cut work: when a worker leaving its group may be stopped. Pure: time is passed in.
+"""Drains never cut work: when a worker leaving its group may be stopped, and whether an operator's drain
+starts a replacement first. Pure: time is passed in.
 
 A worker being retired (compaction), or whose app or tenant a reload removed, gets no new requests; it is
 stopped once nothing is open on it — no request in the front's open-requests dict and no WebSocket tunnel
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DrainVerdict", "drain_verdict"]
+from elasticd.pool.cap import may_start
+
+__all__ = ["DrainVerdict", "drain_verdict", "refused_while_stopping", "replacement_for_drain"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,3 +34,24 @@ def drain_verdict(now: float, started: float, *, open_requests: int, tunnels: in
     if tunnels:
         parts.append(f"{tunnels} open WebSocket tunnel{'s' if tunnels != 1 else ''}")
     return DrainVerdict(True, " and ".join(parts))
+
+
+def replacement_for_drain(worker_id: str, *, staying: int, floor: int, held: int, max_workers: int | None,
+                          stopping: bool = False) -> str | None:
+    """Why a replacement must start before ``worker_id`` is drained away (None: the ``staying`` workers keep the
+    group's floor). ValueError when one is needed but cannot start: elasticd is stopping, or the cap (``cap.py``)
+    leaves no room even counting the replacement in the drained worker's place. The worker then stays as it is,
+    with its users."""
+    if staying >= floor:
+        return None
+    if stopping:
+        raise ValueError(refused_while_stopping(worker_id))
+    if not may_start(max_workers, held, replacing=1):
+        raise ValueError(f"no replacement for {worker_id} can start: the group holds {held} workers, max_workers "
+                         f"{max_workers}: it is kept, with its users")
+    return f"replaces {worker_id}, drained by an operator, to keep min_workers {floor}"
+
+
+def refused_while_stopping(worker_id: str) -> str:
+    return (f"no replacement for {worker_id} can start now (elasticd is stopping, or its group is going): it is "
+            f"kept, with its users")

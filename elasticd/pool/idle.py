@@ -5,14 +5,23 @@ request for ``idle_timeout`` retires its workers; its next request starts its re
 the request waits in the front). A group that is neither the default nor the canary (the old one of a blue/green
 switch) keeps no worker once its last user has left: new users no longer go there, so there is nothing to wait
 for. An active group with ``min_workers`` above 0 never goes to zero.
+
+The cold start (``wake_rule``) answers the front, which has a request for a group with no routable worker: wait
+(a worker is coming, or is started now) or refuse (503). Under the one cap (``cap.py``): a request that arrives
+while the group's last workers are being retired waits for them to stop, and its cold start begins then.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Iterable
+from enum import StrEnum
 from typing import Final
 
-__all__ = ["COLD_BOUNDS", "ColdStarts", "idle_stop"]
+from elasticd.pool.cap import may_start
+from elasticd.supervisor.lifecycle import COMING, COUNTED, WorkerState
+
+__all__ = ["COLD_BOUNDS", "ColdStarts", "WakeVerdict", "idle_stop", "wake_rule"]
 
 # Seconds: a Python worker's start (interpreter, imports, the app) is tenths of a second to several seconds.
 COLD_BOUNDS: Final[tuple[float, ...]] = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -50,3 +59,40 @@ class ColdStarts:
         self.sum += seconds
         self.last = seconds
         self.buckets[bisect_left(COLD_BOUNDS, seconds)] += 1
+
+
+class WakeVerdict(StrEnum):
+    """What a request for a group with no routable worker does: wait for a worker, or be answered 503."""
+
+    START = "start"  # none is coming: one starts now, and the request waits for it (a cold start)
+    COMING = "coming"  # a start is in flight (a cold start's, a restart, a reload's launch): wait for it
+    AFTER_RETIRE = "after-retire"  # at the cap only through workers being retired: wait, start once they stopped
+    DEAD = "dead"  # routable workers exist, which the front found dead: 503, as ever
+    FAILED = "failed"  # its workers failed (a crash loop): 503 until a reload
+    AT_CAP = "at-cap"  # max_workers is reached by workers that are staying: 503
+
+    @property
+    def waits(self) -> bool:
+        return self in _WAITING
+
+
+_WAITING = frozenset({WakeVerdict.START, WakeVerdict.COMING, WakeVerdict.AFTER_RETIRE})
+
+
+def wake_rule(workers: Iterable[tuple[WorkerState, bool, bool]], *, launching: bool, held: int,
+              max_workers: int | None) -> WakeVerdict:
+    """``workers``: the group's, each as (state, routable, leaving — being retired or drained away); ``launching``:
+    a worker is being started for it outside its list; ``held``: what the cap counts (the supervisor's)."""
+    staying = [(state, routable) for state, routable, leaving in workers if not leaving]
+    # (one a retire took out of the list and is stopping is not among ``workers``, but ``held`` still counts it)
+    if any(routable for _, routable in staying):
+        return WakeVerdict.DEAD
+    if launching or any(state in COMING for state, _ in staying):
+        return WakeVerdict.COMING
+    if any(state is WorkerState.FAILED for state, _ in staying):
+        return WakeVerdict.FAILED
+    if may_start(max_workers, held):
+        return WakeVerdict.START
+    if held > sum(1 for state, _ in staying if state in COUNTED):
+        return WakeVerdict.AFTER_RETIRE  # what fills the cap is going: its room comes when it has stopped
+    return WakeVerdict.AT_CAP

@@ -19,9 +19,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from elasticd.config.model import PoolSettings
+from elasticd.pool.evaluator import SMOOTHING_ROWS
 from elasticd.pool.policy import PoolDecision, WorkerView, check_capacity
 
-__all__ = ["Compaction", "Ledger", "ledger", "plan_compaction", "plan_evacuation"]
+__all__ = ["Compaction", "CompactionSteps", "Ledger", "compaction_steps", "ledger", "may_compact", "plan_compaction",
+           "plan_evacuation"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,3 +118,29 @@ def plan_evacuation(worker: str, survivors: Sequence[WorkerView], loads: Mapping
         plan.append((user, target))
     return plan
 
+
+
+def may_compact(*, draining: bool, spawning: bool, rows: Sequence[int]) -> bool:
+    """Whether the ledger may be asked at all: one change at a time (nothing being drained or started: let the
+    group settle and be measured again), and every routable worker (``rows``: each one's readings) measured over a
+    full smoothing window. A newborn reads 0 so that it admits, but that 0 is not headroom: compacting on it
+    retired workers seconds after a scale-up, under the very load that caused it (seen in the VM)."""
+    return not draining and not spawning and all(n >= SMOOTHING_ROWS for n in rows)
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionSteps:
+    """How a compaction empties its worker: live moves one user at a time (``moves``, the idlest first: they move
+    fastest, and a failure then leaves the busy ones where they are), or — with no live mover — every user
+    re-pointed at once (``repoint``: their in-process state is lost), the worker retired after its drain."""
+
+    moves: tuple[tuple[str, str], ...] = ()
+    repoint: Mapping[str, str] | None = None
+
+
+def compaction_steps(plan: Compaction, loads: Mapping[str, float], *, live: bool) -> CompactionSteps:
+    """``loads``: each user's share of the retired worker's occupancy; ``live``: a mover carries users' state."""
+    if not live:
+        return CompactionSteps(repoint=dict(plan.moves))
+    return CompactionSteps(moves=tuple(sorted(plan.moves.items(), key=lambda item: (loads.get(item[0], 0.0),
+                                                                                    item[0]))))

@@ -11,9 +11,9 @@ decision out. Every decision carries its reason and the numbers behind it, for t
 2. Admission: among the routable workers other than the reception, the least occupied under
    ``admission_threshold``; none under → the last one, with a warning (FALLBACK), and let scale-up grow the group.
 3. Scale-up: when no non-reception worker is under ``admission_threshold``, or, in a group of one, the
-   reception is over its keep threshold. Guards: a spawn in flight (wait for it); ``max_workers``, a hard
-   cap on every worker the supervisor holds for the group (starting, in backoff, draining, being replaced);
-   and the cgroup budget: a scale-up a tenant's limit would starve is HELD, with the limit's numbers.
+   reception is over its keep threshold. Guards: a spawn in flight (wait for it); ``max_workers`` (``cap.py``: the
+   one definition of what it counts, shared with the cold start, the drain and the agent); and the cgroup
+   budget: a scale-up a tenant's limit would starve is HELD, with the limit's numbers.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 
 from elasticd.config.model import PoolSettings
 from elasticd.pool.budget import LimitBinding
+from elasticd.pool.cap import may_start
 
 __all__ = ["PoolDecision", "WorkerView", "admit", "check_capacity", "next_hold", "place_login"]
 
@@ -87,7 +88,7 @@ def check_capacity(workers: Sequence[WorkerView], pool: PoolSettings, *, spawnin
     """Rule 3: a scale-up (or ``held``) decision, or None when the group places well or a guard holds.
 
     ``workers``: the routable ones; ``held``: every worker the supervisor holds for the group and has not
-    stopped (the cap counts those; default: the routable ones); ``holds``: the cgroup limits that bind;
+    stopped (what the cap counts, ``cap.py``; default: the routable ones); ``holds``: the cgroup limits that bind;
     ``measuring``: the tenant's cgroup has no reading yet (wait for one rather than grow blind)."""
     if not workers:
         return None
@@ -104,7 +105,7 @@ def check_capacity(workers: Sequence[WorkerView], pool: PoolSettings, *, spawnin
         reason = f"no worker other than the reception under {pool.admission_threshold:g}"
     if spawning:
         return None  # a spawn in flight: wait for it to become routable and be measured
-    if pool.max_workers is not None and held >= pool.max_workers:
+    if not may_start(pool.max_workers, held):
         return None
     if measuring:
         return None
