@@ -228,3 +228,36 @@ def test_a_request_that_waits_for_a_cold_start_is_counted_once_when_it_goes():
     workers.append(_W("acme.shop.green.1"))
     decide(target, _head(MID), 2.0, lambda *key: workers, (), surface, place, forwards, None, lambda key: True)
     assert forwards.routing_counts() == {("acme", "shop", "green", DEFAULT): 1}
+
+
+# (name, the group's workers, a sticky user's worker (None: a new user), which are full, wake's answer, what comes)
+GIVE_BACK = [
+    ("forwarded: the slot is the request's", ["w1"], None, [], None, "forward"),
+    ("no worker, none coming: 503", [], None, [], False, "Refuse"),
+    ("no worker, one starting: it waits", [], None, [], True, "Wake"),
+    ("a new user, every worker full", ["w1", "w2"], None, ["w1", "w2"], None, "Room"),
+    ("a sticky user on a full worker", ["w1", "w2"], "w2", ["w2"], None, "Room"),
+    ("a sticky user whose worker went, the rest full", ["w1"], "gone", ["w1"], None, "Room"),
+    ("a sticky user whose worker went, one has room", ["w1", "w2"], "gone", ["w1"], None, "forward"),
+]
+
+
+@pytest.mark.parametrize(("name", "ids", "sticky", "full", "woken", "outcome"), GIVE_BACK,
+                         ids=[row[0] for row in GIVE_BACK])
+def test_every_answer_but_a_forward_gives_its_quota_slot_back(name, ids, sticky, full, woken, outcome):
+    from elasticd.config.model import Quotas
+    from elasticd.front.core.quota import TenantQuota
+
+    surface, forwards = Surface(60.0), ForwardCounters()
+    quota = TenantQuota(Quotas(max_concurrent_requests=1), 0.0)
+    target = Target(_route(0.0), forwards.route("acme", "shop"), quota)
+    cookie = None
+    if sticky is not None:
+        cookie = MID
+        surface.assign(MID, sticky, 0.0, "green", "acme/shop")
+    workers = [_W(i) for i in ids]
+    answer = decide(target, _head(cookie), 1.0, lambda t, a, g: workers, (), surface, place, forwards, None,
+                    (lambda key: woken) if woken is not None else None, {w: (9.0, 2, 0.5) for w in full})
+    kind = "forward" if type(answer) is tuple else type(answer).__name__
+    assert kind == outcome
+    assert quota.gate.in_flight == (1 if outcome == "forward" else 0)

@@ -1,11 +1,11 @@
-"""Where a request goes, decided with no I/O: route → (a user being moved: hold) → quota → sticky lookup → the
-user's group (``groups``) → placement, giving a ``Forward`` (the worker, the user, its surface entry, a
-Set-Cookie line for a new user, the group), a ``Hold`` (the user is being moved: the request waits in the front
-until the move ends), a ``Wake`` (the group is at zero workers and one is starting: the request waits for it),
-a ``Room`` (every worker the request may go to says it is full — a capacity reading, seed 001: it waits briefly
-for room, then is answered 503) or a ``Refuse`` (status, text, Retry-After). Time is passed in. It changes only
-the core's own books: the quota's gate and bucket (an admitted request is counted in flight), the surface (a new
-or re-placed user), the refusal and routing counts.
+"""Where a request goes, decided with no I/O: route → (a user being moved: hold) → quota → sticky lookup → the user's
+group (``groups``) → admission by capacity readings → placement, giving a ``Forward`` (the worker, the user, its
+surface entry, a Set-Cookie line for a new user, the group), a ``Hold`` (the user is being moved: the request waits
+in the front until the move ends), a ``Wake`` (the group is at zero workers and one is starting: the request waits
+for it), a ``Room`` (every worker the request may go to says it is full — a capacity reading, seed 001: it waits
+briefly for room, then is answered 503) or a ``Refuse`` (status, text, Retry-After). Time is passed in. It changes
+only the core's own books: the quota's gate and bucket (an admitted request is counted in flight), the surface (a
+new or re-placed user), the refusal and routing counts.
 """
 
 from __future__ import annotations
@@ -96,8 +96,11 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
     """``workers_of``: a group's routable workers (reception first); ``unroutable``: those the front found dead
     since; ``kept``: a worker being emptied (not routable: it takes no one new) by its id, while it still
     serves the users pinned to it; ``wake``: asked when the user's group has no worker (True: one is starting:
-    wait for it); ``full``: the workers whose capacity reading refuses (``Full``). A refusal after admission
-    gives its quota slot back."""
+    wait for it); ``full``: the workers whose capacity reading refuses (``Full``).
+
+    The steps, in order: the app (404); the user and a move under way (``Hold``, before the quota: a request
+    waiting for a move takes no slot); the quota (429/503); then ``_route``. Whatever ``_route`` answers other
+    than a forward gives the quota slot back, here and only here: a refusal added later cannot leak one."""
     if target is None:
         host = head.host.decode("latin-1") if head.host is not None else "(none)"
         return Refuse(404, f"no app for host {host}", None)
@@ -107,72 +110,46 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
     if entry is not None and entry.moving:
         assert user is not None
         return Hold(user)
-    route, stats, quota = target.route, target.stats, target.quota
+    quota = target.quota
     if quota is not None:
         refusal = quota.admit(now)
         if refusal is not None:
+            route = target.route
             forwards.refused(route.tenant, refusal.reason)
-            stats.answered(refusal.status)
+            target.stats.answered(refusal.status)
             why = "too many requests at once" if refusal.reason == CONCURRENCY else "request rate over quota"
             return Refuse(refusal.status, f"{route}: {why}", refusal.retry_after)
+    outcome = _route(target, head, now, user, entry, workers_of, unroutable, surface, place, forwards, kept, wake,
+                     full)
+    if quota is not None and type(outcome) is not tuple:  # (a forward is a plain tuple; the others are named)
+        quota.leave()
+    return outcome
+
+
+def _route(target: Target, head: RequestHead, now: float, user: str | None, entry: SurfaceUser | None,
+           workers_of: WorkersOf[W], unroutable: Collection[str], surface: Surface, place: PlaceFn,
+           forwards: ForwardCounters, kept: Callable[[str], W | None] | None,
+           wake: Callable[[tuple[str, str, str]], bool] | None,
+           full: Full | None) -> Forward[W] | Refuse | Wake | Room:
+    """An admitted request: its user's group, the group's workers, admission by capacity readings, placement."""
+    route, quota = target.route, target.quota
     fresh = user is None
     if user is None:
         user = new_user_id()
-    # The user's group: where the surface placed it (the common case: the default group, one comparison), else
-    # the canary's share or the default; a new placement and a user kept on an old group are counted (once the
-    # request is forwarded: a request that waits for a cold start is decided, and counted, when it goes).
-    if entry is not None:
-        placed = entry.group
-    elif not fresh and surface.newcomers:
-        placed = surface.newcomers.group_of(user)  # back with the cookie of its first request: it stays there
-    else:
-        placed = ""
-    counted = ""
-    if placed and placed == route.group:
-        group = placed
-    elif not placed and route.canary is None:
-        group, counted = route.group, DEFAULT  # a new user of an app without a canary: no choice to make
-    else:
-        group, reason = choose_group(route, user, placed)
-        if reason is STICKY or placed != group:
-            counted = reason
+    group, counted = _group_of(route, surface, user, entry, fresh)
     workers = workers_of(route.tenant, route.app, group)
     if unroutable:
         workers = [w for w in workers if w.worker_id not in unroutable]
     if not workers:
-        keeping = _kept(entry, kept, unroutable)
-        if keeping is not None:
-            assert entry is not None
-            entry.seen = now
-            return (keeping, user, entry, b"", quota, entry.group or group)
-        if quota is not None:
-            quota.leave()
-        key = (route.tenant, route.app, group)
-        if wake is not None and wake(key):
-            return Wake(key)
-        stats.answered(503)
-        return Refuse(503, f"{route}: no worker available", 1)
+        return _no_worker(route, target.stats, now, user, entry, group, quota, kept, wake, unroutable)
     if full:
-        # Admission (seed 001): a worker whose own reading says it is full takes nothing, whatever the front counts
-        # open on it. A user stuck to a full one waits for room there (its state lives there); a user to be placed
-        # is placed among those with room (``_roomy``). A reading never admits what was refused otherwise: only the
-        # routable are looked at. A returning user whose worker has room pays one dict lookup.
-        if entry is not None and entry.worker:
-            refused = full.get(entry.worker)
-            if refused is not None and refused[0] > now and any(w.worker_id == entry.worker for w in workers):
-                if quota is not None:
-                    quota.leave()
-                return Room(entry.worker, refused[1], refused[2])
-        elif entry is None:
-            admitted = _roomy(full, now, workers, route, group)
-            if isinstance(admitted, Room):
-                if quota is not None:
-                    quota.leave()
-                return admitted
-            workers = admitted
+        admitted = _admission(full, now, workers, route, group, entry)
+        if isinstance(admitted, Room):
+            return admitted
+        workers = admitted
     if counted:
         if counted is DEFAULT:  # (most of them, every cookieless request: counted per app, no tuple made)
-            defaults = stats.defaults
+            defaults = target.stats.defaults
             defaults[group] = defaults.get(group, 0) + 1
         else:
             forwards.routed(route.tenant, route.app, group, counted)
@@ -194,16 +171,67 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
         if keeping is not None:
             entry.seen = now
             return (keeping, user, entry, b"", quota, group)
-    # New on the surface, or its worker went: (re-)placed in its group.
+    # New on the surface, or its worker went: (re-)placed in its group, among those with room.
     if full:
-        admitted = _roomy(full, now, workers, route, group)
-        if isinstance(admitted, Room):  # (its group choice, counted above, is counted again when it goes: rare)
-            if quota is not None:
-                quota.leave()
-            return admitted
-        workers = admitted
+        roomy = _roomy(full, now, workers, route, group)
+        if isinstance(roomy, Room):  # (its group choice, counted above, is counted again when it goes: rare)
+            return roomy
+        workers = roomy
     worker = _placed(place(user, surface, workers), workers)
     return (worker, user, surface.assign(user, worker.worker_id, now, group, route.label), b"", quota, group)
+
+
+def _group_of(route: AppRoute, surface: Surface, user: str, entry: SurfaceUser | None, fresh: bool) -> tuple[str, str]:
+    """The user's group, and the reason to count when its choice is one ("" when not). Where the surface placed it
+    (the common case: the default group, one comparison), else the canary's share or the default; a new placement
+    and a user kept on an old group are counted (once the request is forwarded: a request that waits for a cold
+    start is decided, and counted, when it goes)."""
+    if entry is not None:
+        placed = entry.group
+    elif not fresh and surface.newcomers:
+        placed = surface.newcomers.group_of(user)  # back with the cookie of its first request: it stays there
+    else:
+        placed = ""
+    if placed and placed == route.group:
+        return placed, ""
+    if not placed and route.canary is None:
+        return route.group, DEFAULT  # a new user of an app without a canary: no choice to make
+    group, reason = choose_group(route, user, placed)
+    return group, reason if reason is STICKY or placed != group else ""
+
+
+def _no_worker(route: AppRoute, stats: RouteStats, now: float, user: str, entry: SurfaceUser | None, group: str,
+               quota: TenantQuota | None, kept: Callable[[str], W | None] | None,
+               wake: Callable[[tuple[str, str, str]], bool] | None,
+               unroutable: Collection[str]) -> Forward[W] | Refuse | Wake:
+    """The group has no routable worker: a pinned user still goes to the worker it waits on; else wait for a
+    worker that is starting (``Wake``), or 503."""
+    keeping = _kept(entry, kept, unroutable)
+    if keeping is not None:
+        assert entry is not None
+        entry.seen = now
+        return (keeping, user, entry, b"", quota, entry.group or group)
+    key = (route.tenant, route.app, group)
+    if wake is not None and wake(key):
+        return Wake(key)
+    stats.answered(503)
+    return Refuse(503, f"{route}: no worker available", 1)
+
+
+def _admission(full: Full, now: float, workers: Sequence[W], route: AppRoute, group: str,
+               entry: SurfaceUser | None) -> Sequence[W] | Room:
+    """Admission (seed 001): a worker whose own reading says it is full takes nothing, whatever the front counts
+    open on it. A user stuck to a full one waits for room there (its state lives there); a user to be placed is
+    placed among those with room (``_roomy``). A reading never admits what was refused otherwise: only the
+    routable are looked at. A returning user whose worker has room pays one dict lookup."""
+    if entry is not None and entry.worker:
+        refused = full.get(entry.worker)
+        if refused is not None and refused[0] > now and any(w.worker_id == entry.worker for w in workers):
+            return Room(entry.worker, refused[1], refused[2])
+        return workers
+    if entry is None:
+        return _roomy(full, now, workers, route, group)
+    return workers
 
 
 def _roomy(full: Full, now: float, workers: Sequence[W], route: AppRoute, group: str) -> Sequence[W] | Room:
