@@ -15,8 +15,8 @@ from elasticd.front import Upstream
 from elasticd.front.core.counters import ForwardCounters, RouteStats
 from elasticd.front.core.dispatch import Hold, Target, decide
 from elasticd.front.core.exchange import Exchange
-from elasticd.front.core.holds import Holds
 from elasticd.front.core.http1 import RequestHead
+from elasticd.front.core.parking import Parked, ParkingLot
 from elasticd.front.core.relay import Event, Phase
 from elasticd.front.core.routing import AppRoute
 from elasticd.front.core.sticky import Surface, place
@@ -87,16 +87,27 @@ def test_a_user_off_the_surface_cannot_be_flagged_and_a_flagged_one_does_not_exp
     assert surface.moving == 0
 
 
-def test_holds_keep_each_users_requests_in_order_and_say_who_waited_too_long():
-    holds: Holds[str] = Holds()
+def test_the_lot_keeps_each_users_requests_in_order_and_says_who_waited_too_long():
+    lot: ParkingLot[str] = ParkingLot()
     a, b, c = Exchange(), Exchange(), Exchange()
-    holds.hold(USER, "conn1", a, 1.0)
-    holds.hold(OTHER, "conn2", b, 2.0)
-    holds.hold(USER, "conn3", c, 3.0)
-    assert len(holds) == 3 and USER in holds and holds.users() == [USER, OTHER]
-    assert holds.overdue(11.5, 10.0) == [USER]  # counted from its first held request
-    assert holds.release(USER) == [("conn1", a), ("conn3", c)]
-    assert holds.release(USER) == [] and USER not in holds and len(holds) == 1
+    lot.park(Parked.MOVE, USER, "conn1", a, 1.0)
+    lot.park(Parked.MOVE, OTHER, "conn2", b, 2.0)
+    lot.park(Parked.MOVE, USER, "conn3", c, 3.0)
+    assert len(lot) == 3 and lot.holds(Parked.MOVE, USER) and lot.keys(Parked.MOVE) == [USER, OTHER]
+    assert lot.overdue(Parked.MOVE, 11.5, 10.0) == [USER]  # counted from its first held request
+    assert lot.release(Parked.MOVE, USER) == [("conn1", a), ("conn3", c)]
+    assert lot.release(Parked.MOVE, USER) == [] and not lot.holds(Parked.MOVE, USER) and len(lot) == 1
+
+
+def test_one_key_under_two_reasons_is_two_spots_with_their_own_terms():
+    lot: ParkingLot[str] = ParkingLot()
+    lot.park(Parked.ROOM, "acme/shop/green", "conn1", Exchange(), 1.0, retry_after=2, wait=0.5)
+    lot.park(Parked.ROOM, "acme/shop/green", "conn2", Exchange(), 1.5, retry_after=1, wait=0.25)
+    lot.park(Parked.WAKE, "acme/shop/green", "conn3", Exchange(), 2.0)
+    assert lot.terms(Parked.ROOM, "acme/shop/green") == (2, 0.25)  # the longest Retry-After, the latest wait
+    assert (lot.count(Parked.ROOM), lot.count(Parked.WAKE), lot.count(Parked.MOVE)) == (2, 1, 0)
+    assert [conn for conn, _ in lot.release(Parked.WAKE, "acme/shop/green")] == ["conn3"]
+    assert lot.count(Parked.ROOM) == 2 and lot.terms(Parked.WAKE, "acme/shop/green") == (0, 0.0)
 
 
 
@@ -107,18 +118,20 @@ def test_holds_keep_each_users_requests_in_order_and_say_who_waited_too_long():
     (9.0, ["conn1", "conn2", "conn3"], [], None),  # all of them: the key is gone
 ])
 def test_release_older_lets_each_request_wait_its_own_time(before, released, left, since):
-    holds: Holds[str] = Holds()
+    lot: ParkingLot[str] = ParkingLot()
     for n, at in enumerate((1.0, 2.0, 3.0), 1):
-        holds.hold("w1", f"conn{n}", Exchange(), at)
-    assert [conn for conn, _ in holds.release_older("w1", before)] == released
-    assert [conn for conn, _ in holds.release("w1")] == left if left else "w1" not in holds
+        lot.park(Parked.ROOM, "w1", f"conn{n}", Exchange(), at)
+    assert [conn for conn, _ in lot.release_older(Parked.ROOM, "w1", before)] == released
+    assert ([conn for conn, _ in lot.release(Parked.ROOM, "w1")] == left if left
+            else not lot.holds(Parked.ROOM, "w1"))
     if since is not None:  # the key's first request is the oldest still held
-        again: Holds[str] = Holds()
+        again: ParkingLot[str] = ParkingLot()
         for n, at in enumerate((1.0, 2.0, 3.0), 1):
-            again.hold("w1", f"conn{n}", Exchange(), at)
-        again.release_older("w1", before)
-        assert again.overdue(since + 0.5, 0.4) == ["w1"] and again.overdue(since + 0.3, 0.4) == []
-    assert holds.release_older("nobody", 5.0) == []
+            again.park(Parked.ROOM, "w1", f"conn{n}", Exchange(), at)
+        again.release_older(Parked.ROOM, "w1", before)
+        assert (again.overdue(Parked.ROOM, since + 0.5, 0.4) == ["w1"]
+                and again.overdue(Parked.ROOM, since + 0.3, 0.4) == [])
+    assert lot.release_older(Parked.ROOM, "nobody", 5.0) == []
 
 
 # ------------------------------------------------------------------ the front, over sockets
@@ -134,7 +147,7 @@ def test_a_moving_users_requests_wait_and_go_in_order_to_its_new_worker(workers:
             f.surface.flag(USER)
             waiting = [asyncio.create_task(_worker_of(request, USER)) for _ in range(5)]
             await asyncio.sleep(0.3)
-            held = len(f.held)
+            held = f.parked.count(Parked.MOVE)
             assert not any(t.done() for t in waiting)  # none was forwarded
             others = await _worker_of(request, OTHER)  # another user is served meanwhile
             f.surface.assign(USER, "w2", f.clock())  # SWITCH
@@ -216,7 +229,7 @@ def test_requests_held_past_the_move_timeout_are_released_by_the_front(workers: 
     with caplog.at_level(logging.WARNING, logger="elasticd.front"):
         worker, waited = run(scenario())
     assert worker == "w1" and 1.0 < waited < 3.5
-    assert any("held past the move timeout" in r.getMessage() for r in caplog.records)
+    assert any("parked past the move timeout" in r.getMessage() for r in caplog.records)
 
 
 def test_a_held_exchange_is_held_in_the_table_and_released_to_be_dispatched_again():

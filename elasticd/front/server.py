@@ -23,7 +23,7 @@ from elasticd.front.core.bounds import CONNECTIONS, MAX_HEAD_BYTES, MAX_WAITING,
 from elasticd.front.core.counters import ForwardCounters
 from elasticd.front.core.dispatch import Hold, Refuse, Room, Target, Wake, decide, has_room
 from elasticd.front.core.exchange import Exchange
-from elasticd.front.core.holds import Holds
+from elasticd.front.core.parking import Parked, ParkingLot
 from elasticd.front.core.quota import QuotaBook
 from elasticd.front.core.relay import (
     EVENT_FAIL,
@@ -56,16 +56,49 @@ _WAKE_RETRY_AFTER: Final = 5  # seconds a client is told to wait after a cold st
 _CROWDED_RETRY_AFTER: Final = 1  # seconds a client is told to wait when too many requests wait for its worker
 
 
+_WAITS: Final = (Hold, Wake, Room)  # what dispatch.decide answers for a request that waits in the front (parked)
+_TICKED: Final = (Parked.WAKE, Parked.ROOM)  # the reasons the tick may end (a move's end is the move's to say)
+
+
 def _group_name(key: tuple[str, str, str]) -> str:
     return f"{key[0]}/{key[1]}/{key[2]}"
 
 
 class Front:
-    __slots__ = ("_address", "_connecting", "_next_expiry", "_pools", "_probes", "_room_terms", "_routes", "_server",
-                 "_targets", "_timer", "_workers", "clock", "conns", "forwards", "full", "held", "keepalive_timeout",
-                 "kept", "max_header_bytes", "move_timeout", "on_backoff", "on_login", "place", "port", "quotas",
-                 "request_timeout", "rooms", "said", "stale_after", "stopping", "surface", "tunnel_timeout",
-                 "unroutable", "wake", "waking")
+    __slots__ = (
+        "_address",
+        "_connecting",
+        "_next_expiry",
+        "_pools",
+        "_probes",
+        "_routes",
+        "_server",
+        "_targets",
+        "_timer",
+        "_workers",
+        "clock",
+        "conns",
+        "forwards",
+        "full",
+        "keepalive_timeout",
+        "kept",
+        "max_header_bytes",
+        "move_timeout",
+        "on_backoff",
+        "on_login",
+        "parked",
+        "place",
+        "port",
+        "quotas",
+        "request_timeout",
+        "said",
+        "stale_after",
+        "stopping",
+        "surface",
+        "tunnel_timeout",
+        "unroutable",
+        "wake",
+    )
 
     def __init__(self, address: Address, routes: RouteTable, workers: WorkersFn, *,
                  quotas: Mapping[str, Quotas] | None = None, request_timeout: float = 60.0,
@@ -80,20 +113,15 @@ class Front:
         self.keepalive_timeout = keepalive_timeout  # an idle client connection between requests
         self.tunnel_timeout = tunnel_timeout  # an idle upgraded (WebSocket) connection
         self.max_header_bytes = max_header_bytes  # request line + headers; over it: 431
-        self.move_timeout = move_timeout  # a live move's hard deadline: no request is held (much) longer
-        self.held: Holds[ClientConn] = Holds()  # requests of users being moved, until their move ends
-        # Requests for a group at zero workers, by "tenant/app/group", until its first worker is routable.
-        self.waking: Holds[ClientConn] = Holds()
+        self.move_timeout = move_timeout  # a live move's hard deadline: no request is parked (much) longer
+        # Requests that wait in the front: of users being moved, for a group at zero, for room (core/parking.py).
+        self.parked: ParkingLot[ClientConn] = ParkingLot()
         # Asked when a request's group has no routable worker: True when one is starting (the pool's cold
         # start); None: such a request is answered 503 at once.
         self.wake: Callable[[tuple[str, str, str]], bool] | None = None
         # Admission by capacity readings (probes/): the workers and nodes whose own reading says they are full,
         # by id → (until, Retry-After, how long a request may wait for room). Written by the probes' shell only.
         self.full: dict[str, tuple[float, int, float]] = {}
-        # Requests waiting for room, by the full worker's id (a sticky user's) or "tenant/app/group" (a new
-        # user's, every worker of the group full), with the Retry-After and the wait of each key.
-        self.rooms: Holds[ClientConn] = Holds()
-        self._room_terms: dict[str, tuple[int, float]] = {}
         # A 429 answer: (the worker or node, its Retry-After value, b"" for none, the instant) → the back-off
         # it means, if any (the probes' shell decides whose 429 is one).
         self.on_backoff: Callable[[str, bytes, float], None] | None = None
@@ -251,59 +279,56 @@ class Front:
             except RelayError as exc:
                 client.fail_closed(exc)
 
-    def _tick_waking(self, now: float) -> None:
-        """Requests waiting for a group at zero: dispatched once the group has a routable worker (the state
-        change that made it so may not have named them: a worker that joined its group after a reload's
-        launch); answered 503 once they waited ``request_timeout``."""
-        waiting = self.waking.users()
-        if not waiting:
-            return
-        routed = {(r.tenant, r.app, g) for r in self._routes.routes() for g in (r.groups or {r.group})}
-        for name in waiting:
-            tenant, app, group = name.split("/")
-            key = (tenant, app, group)
-            if key not in routed:  # a reload removed the group: decided again under the table in force
-                self._dispatch_held(self.waking.release(name), name)
-            elif any(w.worker_id not in self.unroutable for w in self._workers(tenant, app, group)):
-                self.woke(key)
-        for name in self.waking.overdue(now, self.request_timeout):
+    def _tick_parked(self, now: float) -> None:
+        """Every parked request whose reason is over goes (a cold start's worker that joined its group after a
+        reload's launch, a reading whose time ran out: a release that no event named); one whose patience ran out
+        is answered, or released, by its reason's rule."""
+        parked = self.parked
+        for reason in _TICKED:
+            for key in parked.keys(reason):
+                if self._may_go(reason, key, now):
+                    self._dispatch_parked(parked.release(reason, key), key)
+                    continue
+                if reason is Parked.ROOM:  # each request after its reading's own wait
+                    retry_after, wait = parked.terms(reason, key)
+                    overdue = parked.release_older(reason, key, now - wait)
+                    if overdue:
+                        what = f"group {key}: every worker" if "/" in key else f"{key}"
+                        self._answer_parked(overdue, key, 503, f"{what} says it is full (its capacity reading)",
+                                            retry_after)
+        for name in parked.overdue(Parked.WAKE, now, self.request_timeout):
             tenant, app, group = name.split("/")
             log.warning("front: group %s did not get a routable worker within the request timeout (%gs): "
                         "its waiting requests are answered 503", name, self.request_timeout)
             self.wake_failed((tenant, app, group), f"no worker came up within {self.request_timeout:g}s")
+        for user in parked.overdue(Parked.MOVE, now, self.move_timeout + 1.0):
+            # The move's own deadline should have released them: whatever became of it, they go on.
+            log.warning("front: requests of %s parked past the move timeout (%gs): released", user, self.move_timeout)
+            self.release(user)
+
+    def _may_go(self, reason: Parked, key: str, now: float) -> bool:
+        """Whether the requests parked under (``reason``, ``key``) may be decided again now (a MOVE's end is the
+        move's to say, never the tick's)."""
+        if reason is Parked.WAKE:
+            tenant, app, group = key.split("/")
+            if not any(group in (r.groups or {r.group}) for r in self._routes.routes()
+                       if (r.tenant, r.app) == (tenant, app)):
+                return True  # a reload removed the group: decided again under the table in force
+            return any(w.worker_id not in self.unroutable for w in self._workers(tenant, app, group))
+        if "/" in key:  # ROOM, a new user's: any worker of the group with room
+            tenant, app, group = key.split("/")
+            return any(w.worker_id not in self.unroutable and has_room(self.full, w.worker_id, now)
+                       for w in self._workers(tenant, app, group))
+        return has_room(self.full, key, now)
 
     def room(self, worker_id: str, group: tuple[str, str, str]) -> int:
         """A worker (or node) of ``group`` takes requests again: its waiting users' requests, and those of new
         users waiting for any worker of the group, are dispatched, oldest first."""
         released = 0
         for key in (worker_id, _group_name(group)):
-            if key in self.rooms:
-                self._room_terms.pop(key, None)
-                released += self._dispatch_held(self.rooms.release(key), key)
+            if self.parked.holds(Parked.ROOM, key):
+                released += self._dispatch_parked(self.parked.release(Parked.ROOM, key), key)
         return released
-
-    def _tick_rooms(self, now: float) -> None:
-        """Requests waiting for room: dispatched once a reading no longer refuses (its time ran out, or the
-        shell's ``room`` was missed), answered 503 with the Retry-After once they waited their ``wait``."""
-        full = self.full
-        for key in list(self._room_terms):
-            retry_after, wait = self._room_terms[key]
-            if "/" in key:
-                tenant, app, group = key.split("/")
-                roomy = any(w.worker_id not in self.unroutable and has_room(full, w.worker_id, now)
-                            for w in self._workers(tenant, app, group))
-            else:
-                roomy = has_room(full, key, now)
-            if roomy:
-                del self._room_terms[key]
-                self._dispatch_held(self.rooms.release(key), key)
-                continue
-            overdue = self.rooms.release_older(key, now - wait)  # each request after its own wait
-            if key not in self.rooms:
-                del self._room_terms[key]
-            if overdue:
-                what = f"group {key}: every worker" if "/" in key else f"{key}"
-                self._answer_held(overdue, key, 503, f"{what} says it is full (its capacity reading)", retry_after)
 
     def backed_off(self, ex: Exchange) -> None:
         """The answer to ``ex`` was a 429: the probes' shell may read its Retry-After as a back-off."""
@@ -319,9 +344,8 @@ class Front:
     def _tick(self) -> None:
         try:
             now = self.clock()
-            self._tick_waking(now)  # (first: a held request is answered before its connection's idle limit)
-            if self._room_terms:
-                self._tick_rooms(now)
+            if self.parked:  # (first: a parked request is answered before its connection's idle limit)
+                self._tick_parked(now)
             for conn in list(self.conns):
                 relay = conn.relay
                 limit = relay.idle_limit(self.keepalive_timeout, self.request_timeout, self.tunnel_timeout)
@@ -330,11 +354,6 @@ class Front:
                         conn.timed_out()
                     except RelayError as exc:
                         conn.fail_closed(exc)
-            for user in self.held.overdue(now, self.move_timeout + 1.0):
-                # The move's own deadline should have released them: whatever became of it, they go on.
-                log.warning("front: requests of %s held past the move timeout (%gs): released", user,
-                            self.move_timeout)
-                self.release(user)
 
             if now >= self._next_expiry:
                 self.surface.expire(now)
@@ -382,23 +401,11 @@ class Front:
         now = client.active_at
         decision = decide(target, ex.head, now, self._workers, self.unroutable, self.surface, self.place,
                           self.forwards, self.kept, self.wake, self.full)
-        if isinstance(decision, Room):
-            ex.advance(EVENT_HOLD)
-            self.rooms.hold(decision.key, client, ex, now)
-            terms = self._room_terms.get(decision.key)  # the latest wait, the longest Retry-After said
-            self._room_terms[decision.key] = (decision.retry_after if terms is None else
-                                              max(terms[0], decision.retry_after), decision.wait)
+        if isinstance(decision, _WAITS):
+            self._park(decision, client, ex, now)
             return
         if isinstance(decision, Refuse):
             self._refuse(client, ex, decision.status, decision.text, retry_after=decision.retry_after)
-            return
-        if isinstance(decision, Hold):
-            ex.advance(EVENT_HOLD)
-            self.held.hold(decision.user, client, ex, now)
-            return
-        if isinstance(decision, Wake):
-            ex.advance(EVENT_HOLD)
-            self.waking.hold(_group_name(decision.key), client, ex, now)
             return
         assert target is not None
         upstream, ex.user, ex.entry, ex.cookie_line, ex.quota, ex.group = decision
@@ -429,35 +436,46 @@ class Front:
         else:
             self._open_or_wait(client, ex, pool)
 
+    def _park(self, decision: Hold | Wake | Room, client: ClientConn, ex: Exchange, now: float) -> None:
+        ex.advance(EVENT_HOLD)
+        if isinstance(decision, Hold):
+            self.parked.park(Parked.MOVE, decision.user, client, ex, now)
+        elif isinstance(decision, Wake):
+            self.parked.park(Parked.WAKE, _group_name(decision.key), client, ex, now)
+        else:
+            self.parked.park(Parked.ROOM, decision.key, client, ex, now, retry_after=decision.retry_after,
+                             wait=decision.wait)
+
     def release(self, user: str) -> int:
-        """A move of ``user`` ended: it is forwarded again, and its held requests are dispatched, oldest first,
+        """A move of ``user`` ended: it is forwarded again, and its parked requests are dispatched, oldest first,
         to wherever it is now (its new worker, or its old one after an abort). Returns how many went."""
         self.surface.unflag(user)
-        return self._dispatch_held(self.held.release(user), user)
+        return self._dispatch_parked(self.parked.release(Parked.MOVE, user), user)
 
     def woke(self, key: tuple[str, str, str]) -> int:
         """A worker of a group at zero came up: the requests waiting for it are dispatched, oldest first."""
-        return self._dispatch_held(self.waking.release(_group_name(key)), _group_name(key))
+        name = _group_name(key)
+        return self._dispatch_parked(self.parked.release(Parked.WAKE, name), name)
 
     def wake_failed(self, key: tuple[str, str, str], why: str) -> int:
         """The group's worker did not come up (its start failed, or not within ``request_timeout``): each
         request waiting for it is answered 503 with a Retry-After."""
         name = _group_name(key)
-        return self._answer_held(self.waking.release(name), name, 503, f"{key[0]}/{key[1]}: group {key[2]}: {why}",
-                                 _WAKE_RETRY_AFTER)
+        return self._answer_parked(self.parked.release(Parked.WAKE, name), name, 503,
+                                   f"{key[0]}/{key[1]}: group {key[2]}: {why}", _WAKE_RETRY_AFTER)
 
-    def _answer_held(self, held: list[tuple[ClientConn, Exchange]], what: str, status: int, text: str,
+    def _answer_parked(self, parked: list[tuple[ClientConn, Exchange]], what: str, status: int, text: str,
                      retry_after: int) -> int:
-        """Held requests answered by the front (with ``status``), oldest first."""
+        """Parked requests answered by the front (with ``status``), oldest first."""
         answered = 0
-        for client, ex in held:
+        for client, ex in parked:
             if client.transport is None or ex.phase is not PHASE_HELD:
                 continue  # the client left meanwhile
             try:
                 ex.advance(EVENT_RELEASE)
                 target = self.target(ex.head.host)
                 if target is not None:
-                    target.stats.answered(status)  # (answered now: a held request was counted nowhere yet)
+                    target.stats.answered(status)  # (answered now: a parked request was counted nowhere yet)
                 client.refuse_released(ex, status, text, retry_after)
             except Exception as exc:  # a bug of ours with one request must not strand the others
                 log.exception("front: answering a request waiting for %s failed", what)
@@ -466,16 +484,16 @@ class Front:
             answered += 1
         return answered
 
-    def _dispatch_held(self, held: list[tuple[ClientConn, Exchange]], what: str) -> int:
+    def _dispatch_parked(self, parked: list[tuple[ClientConn, Exchange]], what: str) -> int:
         released = 0
-        for client, ex in held:
+        for client, ex in parked:
             if client.transport is None or ex.phase is not PHASE_HELD:
                 continue  # the client left meanwhile
             try:
                 ex.advance(EVENT_RELEASE)
                 client.released(ex)
             except Exception as exc:  # a bug of ours with one request must not strand the others
-                log.exception("front: releasing a held request of %s failed", what)
+                log.exception("front: releasing a parked request of %s failed", what)
                 client.fail_closed(exc)
                 continue
             released += 1
