@@ -48,8 +48,10 @@ class _Supervisor:
     def workers_of(self, key: Any) -> list[_Worker]:
         return self.workers
 
-    def held(self, key: Any) -> int:
+    def counted(self, key: Any) -> int:
         return len(self.workers)
+
+    held = counted  # (the name before issue 30: the same script measures a checkout from before it)
 
     def add_worker(self, key: Any) -> _Worker:
         raise AssertionError("the benchmark's group must not grow")

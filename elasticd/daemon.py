@@ -124,7 +124,7 @@ class Daemon:
         self.front.on_login = self.pool.on_login
         self.front.wake = self.pool.wake  # a request for a group at zero workers starts one and waits for it
         self.pool.on_wake_failed = self.front.wake_failed
-        self.supervisor.drain = lambda workers, timeout: self.pool.wait_drained([w.id for w in workers], timeout)
+        self.supervisor.wait_drained = lambda workers, timeout: self.pool.wait_drained([w.id for w in workers], timeout)
         self.channel = ChannelServer(server.runtime_dir, ChannelAuth(self.supervisor), self.pool.on_report,
                                      interval=server.occupancy_interval)
         # Live moves: compaction and `elasticctl drain` carry each user's state to its next worker.

@@ -7,9 +7,9 @@ import pytest
 from elasticd.agent.line import MAX_HINT, AppRoom, GroupRoom, Hint, app_line, host_line, parse_hint, weight_of
 
 
-def group(*occupancies: float, held_workers: int | None = None, max_workers: int | None = 4, held: bool = False,
+def group(*occupancies: float, counted_workers: int | None = None, max_workers: int | None = 4, held: bool = False,
           rt: float = 0.5, at: float = 0.8, failed: bool = False, share: float = 1.0) -> GroupRoom:
-    return GroupRoom(tuple(occupancies), len(occupancies) if held_workers is None else held_workers, max_workers,
+    return GroupRoom(tuple(occupancies), len(occupancies) if counted_workers is None else counted_workers, max_workers,
                      rt, at, held, failed, share)
 
 
@@ -21,14 +21,14 @@ def group(*occupancies: float, held_workers: int | None = None, max_workers: int
     ([group(0.5, 0.4, 0.8, 0.8)], 13),  # near full: 0.4 of 2.9
     ([group(1.0, 1.0)], 55),  # over its thresholds (no negative headroom) but two more may start: 1.6 / 2.9
     ([group(0.0, held=True)], 0),  # a scale-up held by a cgroup limit: full, whatever its workers say
-    ([group(0.0, held_workers=4)], 17),  # four held (starting, draining): only the routable one's headroom
+    ([group(0.0, counted_workers=4)], 17),  # four held (starting, draining): only the routable one's headroom
     ([group(0.0, max_workers=None)], 100),  # unbounded: it can always start another
     ([group(0.0, max_workers=None, held=True)], 0),
     ([group(0.5, 0.8, 0.8, 0.8, share=0.9), group(0.0, share=0.1)], 10),  # a full default, an idle 10 % canary
     ([group(0.5, 0.8, 0.8, 0.8, share=0.5), group(0.0, share=0.5)], 50),  # … a 50 % one
-    ([group(held_workers=0)], 100),  # at zero (min_workers 0): a cold start can give it everything
-    ([group(held_workers=0, max_workers=1, rt=0.9, at=0.5)], 100),  # the first to start is the reception (0.9)
-    ([group(held_workers=0, failed=True)], 0),  # its workers failed, none serves: it takes no one
+    ([group(counted_workers=0)], 100),  # at zero (min_workers 0): a cold start can give it everything
+    ([group(counted_workers=0, max_workers=1, rt=0.9, at=0.5)], 100),  # the first to start is the reception (0.9)
+    ([group(counted_workers=0, failed=True)], 0),  # its workers failed, none serves: it takes no one
     ([group(0.0, failed=True, share=0.9), group(0.0, share=0.1)], 10),  # a dead default is no room
     ([], 0),
 ])

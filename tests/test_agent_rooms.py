@@ -41,7 +41,7 @@ class Fakes:
                                     limits_bound=lambda: self.bound, draining=set())
         # (as Supervisor.held: every worker with a process or about to have one, failed ones not)
         self.supervisor = SimpleNamespace(workers_of=lambda key: self.workers.get(key, []),
-                                          held=lambda key: sum(w.state != "failed" for w in self.workers[key]),
+                                          counted=lambda key: sum(w.state != "failed" for w in self.workers[key]),
                                           holds_app=lambda tenant, app: self.alive)
 
 

@@ -13,7 +13,7 @@ from test_front import client, front, no_errors_logged, run, workers
 from elasticd.config.model import Quotas
 from elasticd.front import Upstream
 from elasticd.front.core.counters import ForwardCounters, RouteStats
-from elasticd.front.core.dispatch import Hold, Target, decide
+from elasticd.front.core.dispatch import Moving, Target, decide
 from elasticd.front.core.exchange import Exchange
 from elasticd.front.core.http1 import RequestHead
 from elasticd.front.core.parking import Parked, ParkingLot
@@ -64,13 +64,13 @@ def test_decide_holds_a_moving_users_request_before_asking_the_quota():
     forwards = ForwardCounters()
     assert surface.flag(USER) and not surface.flag(USER) and surface.moving == 1
     assert decide(target, _head(b"elastic_uid=" + USER.encode()), 1.0, _workers("w1"), (), surface, place,
-                  forwards) == Hold(USER)
+                  forwards) == Moving(USER)
     other = decide(target, _head(b"elastic_uid=" + OTHER.encode()), 1.0, _workers("w1"), (), surface, place, forwards)
-    assert not isinstance(other, Hold)
+    assert not isinstance(other, Moving)
     surface.unflag(USER)
     assert surface.moving == 0
     assert not isinstance(decide(target, _head(b"elastic_uid=" + USER.encode()), 1.0, _workers("w1"), (), surface,
-                                 place, forwards), Hold)
+                                 place, forwards), Moving)
 
 
 def test_a_user_off_the_surface_cannot_be_flagged_and_a_flagged_one_does_not_expire():
@@ -101,13 +101,13 @@ def test_the_lot_keeps_each_users_requests_in_order_and_says_who_waited_too_long
 
 def test_one_key_under_two_reasons_is_two_spots_with_their_own_terms():
     lot: ParkingLot[str] = ParkingLot()
-    lot.park(Parked.ROOM, "acme/shop/green", "conn1", Exchange(), 1.0, retry_after=2, wait=0.5)
-    lot.park(Parked.ROOM, "acme/shop/green", "conn2", Exchange(), 1.5, retry_after=1, wait=0.25)
+    lot.park(Parked.FULL, "acme/shop/green", "conn1", Exchange(), 1.0, retry_after=2, wait=0.5)
+    lot.park(Parked.FULL, "acme/shop/green", "conn2", Exchange(), 1.5, retry_after=1, wait=0.25)
     lot.park(Parked.WAKE, "acme/shop/green", "conn3", Exchange(), 2.0)
-    assert lot.terms(Parked.ROOM, "acme/shop/green") == (2, 0.25)  # the longest Retry-After, the latest wait
-    assert (lot.count(Parked.ROOM), lot.count(Parked.WAKE), lot.count(Parked.MOVE)) == (2, 1, 0)
+    assert lot.terms(Parked.FULL, "acme/shop/green") == (2, 0.25)  # the longest Retry-After, the latest wait
+    assert (lot.count(Parked.FULL), lot.count(Parked.WAKE), lot.count(Parked.MOVE)) == (2, 1, 0)
     assert [conn for conn, _ in lot.release(Parked.WAKE, "acme/shop/green")] == ["conn3"]
-    assert lot.count(Parked.ROOM) == 2 and lot.terms(Parked.WAKE, "acme/shop/green") == (0, 0.0)
+    assert lot.count(Parked.FULL) == 2 and lot.terms(Parked.WAKE, "acme/shop/green") == (0, 0.0)
 
 
 
@@ -120,18 +120,18 @@ def test_one_key_under_two_reasons_is_two_spots_with_their_own_terms():
 def test_release_older_lets_each_request_wait_its_own_time(before, released, left, since):
     lot: ParkingLot[str] = ParkingLot()
     for n, at in enumerate((1.0, 2.0, 3.0), 1):
-        lot.park(Parked.ROOM, "w1", f"conn{n}", Exchange(), at)
-    assert [conn for conn, _ in lot.release_older(Parked.ROOM, "w1", before)] == released
-    assert ([conn for conn, _ in lot.release(Parked.ROOM, "w1")] == left if left
-            else not lot.holds(Parked.ROOM, "w1"))
+        lot.park(Parked.FULL, "w1", f"conn{n}", Exchange(), at)
+    assert [conn for conn, _ in lot.release_older(Parked.FULL, "w1", before)] == released
+    assert ([conn for conn, _ in lot.release(Parked.FULL, "w1")] == left if left
+            else not lot.holds(Parked.FULL, "w1"))
     if since is not None:  # the key's first request is the oldest still held
         again: ParkingLot[str] = ParkingLot()
         for n, at in enumerate((1.0, 2.0, 3.0), 1):
-            again.park(Parked.ROOM, "w1", f"conn{n}", Exchange(), at)
-        again.release_older(Parked.ROOM, "w1", before)
-        assert (again.overdue(Parked.ROOM, since + 0.5, 0.4) == ["w1"]
-                and again.overdue(Parked.ROOM, since + 0.3, 0.4) == [])
-    assert lot.release_older(Parked.ROOM, "nobody", 5.0) == []
+            again.park(Parked.FULL, "w1", f"conn{n}", Exchange(), at)
+        again.release_older(Parked.FULL, "w1", before)
+        assert (again.overdue(Parked.FULL, since + 0.5, 0.4) == ["w1"]
+                and again.overdue(Parked.FULL, since + 0.3, 0.4) == [])
+    assert lot.release_older(Parked.FULL, "nobody", 5.0) == []
 
 
 # ------------------------------------------------------------------ the front, over sockets
@@ -234,8 +234,8 @@ def test_requests_held_past_the_move_timeout_are_released_by_the_front(workers: 
 
 def test_a_held_exchange_is_held_in_the_table_and_released_to_be_dispatched_again():
     ex = Exchange()
-    ex.advance(Event.HOLD)
-    assert ex.phase is Phase.HELD
+    ex.advance(Event.PARK)
+    assert ex.phase is Phase.PARKED
     ex.advance(Event.RELEASE)
     assert ex.phase is Phase.QUEUED
 
@@ -249,12 +249,12 @@ def test_a_user_pinned_to_a_worker_being_emptied_is_served_there_until_its_move(
     kept = {"w2": _W("w2")}
     pinned = decide(target, _head(b"elastic_uid=" + USER.encode()), 1.0, _workers("w1"), (), surface, place,
                     ForwardCounters(), kept.get)
-    assert not isinstance(pinned, Hold) and pinned[0].worker_id == "w2"
+    assert not isinstance(pinned, Moving) and pinned[0].worker_id == "w2"
     other = decide(target, _head(b"elastic_uid=" + OTHER.encode()), 1.0, _workers("w1"), (), surface, place,
                    ForwardCounters(), kept.get)
-    assert not isinstance(other, Hold) and other[0].worker_id == "w1"  # not pinned: re-placed
+    assert not isinstance(other, Moving) and other[0].worker_id == "w1"  # not pinned: re-placed
     dead = decide(target, _head(b"elastic_uid=" + USER.encode()), 1.0, _workers("w1"), ("w2",), surface, place,
                   ForwardCounters(), kept.get)
-    assert not isinstance(dead, Hold) and dead[0].worker_id == "w1"  # a kept worker found dead is not used
+    assert not isinstance(dead, Moving) and dead[0].worker_id == "w1"  # a kept worker found dead is not used
     surface.assign(USER, "w1", 2.0)
     assert not surface.get(USER).pinned  # moved: no longer pinned

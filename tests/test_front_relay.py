@@ -25,11 +25,11 @@ from elasticd.front.core.relay import (
     upstream_lost,
 )
 
-Q, F, A, D, H = Phase.QUEUED, Phase.FORWARDING, Phase.ANSWERING, Phase.DONE, Phase.HELD
+Q, F, A, D, H = Phase.QUEUED, Phase.FORWARDING, Phase.ANSWERING, Phase.DONE, Phase.PARKED
 
 LEGAL = {
     (Q, Event.REFUSE): D, (Q, Event.FORWARD): F,
-    (Q, Event.HOLD): H, (H, Event.RELEASE): Q,  # a live move of its user: held in the front, then dispatched again
+    (Q, Event.PARK): H, (H, Event.RELEASE): Q,  # a live move of its user: held in the front, then dispatched again
     (F, Event.ATTACH): F, (F, Event.RETRY): F, (F, Event.ANSWER_HEAD): A, (F, Event.FAIL): D,
     (F, Event.CLIENT_LEFT): D,
     (A, Event.ANSWER_END): D, (A, Event.UPGRADE): D, (A, Event.CUT): D, (A, Event.CLIENT_LEFT): D,

@@ -235,9 +235,9 @@ GIVE_BACK = [
     ("forwarded: the slot is the request's", ["w1"], None, [], None, "forward"),
     ("no worker, none coming: 503", [], None, [], False, "Refuse"),
     ("no worker, one starting: it waits", [], None, [], True, "Wake"),
-    ("a new user, every worker full", ["w1", "w2"], None, ["w1", "w2"], None, "Room"),
-    ("a sticky user on a full worker", ["w1", "w2"], "w2", ["w2"], None, "Room"),
-    ("a sticky user whose worker went, the rest full", ["w1"], "gone", ["w1"], None, "Room"),
+    ("a new user, every worker full", ["w1", "w2"], None, ["w1", "w2"], None, "NoRoom"),
+    ("a sticky user on a full worker", ["w1", "w2"], "w2", ["w2"], None, "NoRoom"),
+    ("a sticky user whose worker went, the rest full", ["w1"], "gone", ["w1"], None, "NoRoom"),
     ("a sticky user whose worker went, one has room", ["w1", "w2"], "gone", ["w1"], None, "forward"),
 ]
 

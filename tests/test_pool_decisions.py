@@ -73,7 +73,7 @@ WAKE = [
 @pytest.mark.parametrize(("name", "workers", "launching", "held", "maximum", "verdict"), WAKE,
                          ids=[row[0] for row in WAKE])
 def test_the_cold_start_rule(name, workers, launching, held, maximum, verdict):
-    assert wake_rule(workers, launching=launching, held=held, max_workers=maximum) is verdict
+    assert wake_rule(workers, launching=launching, counted=held, max_workers=maximum) is verdict
     assert verdict.waits is (verdict in {WakeVerdict.START, WakeVerdict.COMING, WakeVerdict.AFTER_RETIRE})
 
 
@@ -92,7 +92,7 @@ DRAIN = [
 @pytest.mark.parametrize(("name", "staying", "floor", "held", "maximum", "stopping", "outcome"), DRAIN,
                          ids=[row[0] for row in DRAIN])
 def test_the_drains_replacement(name, staying, floor, held, maximum, stopping, outcome):
-    kwargs = {"staying": staying, "floor": floor, "held": held, "max_workers": maximum, "stopping": stopping}
+    kwargs = {"staying": staying, "floor": floor, "counted": held, "max_workers": maximum, "stopping": stopping}
     if outcome is None or outcome == "replace":
         why = replacement_for_drain("acme.shop.green.1", **kwargs)
         assert (why is None) is (outcome is None)

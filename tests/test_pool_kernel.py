@@ -15,7 +15,7 @@ from elasticd.pool.drain import drain_verdict
 from elasticd.pool.evaluator import Row, occupancy
 from elasticd.pool.ledger import plan_compaction
 from elasticd.pool.liveness import CPU_PROGRESS, Progress, observe, verdict
-from elasticd.pool.policy import WorkerView, check_capacity, place_login
+from elasticd.pool.policy import WorkerView, check_scale_up, place_login
 from elasticd.pool.report import Executor, Report, parse_report
 
 POOL = PoolSettings(min_workers=1, max_workers=4)
@@ -159,8 +159,8 @@ def test_no_scale_up_before_the_first_cgroup_reading():
     pending = budget_of([sample(0)], Resources(cpu=50.0))
     assert pending.pending and not UNLIMITED.pending
     views = [WorkerView("r", 0.9)]
-    assert check_capacity(views, POOL, spawning=0, measuring=pending.pending) is None
-    assert check_capacity(views, POOL, spawning=0, measuring=False).kind == "scale-up"
+    assert check_scale_up(views, POOL, spawning=0, measuring=pending.pending) is None
+    assert check_scale_up(views, POOL, spawning=0, measuring=False).kind == "scale-up"
 
 
 def test_a_file_that_appeared_late_still_gives_a_rate():
@@ -174,7 +174,7 @@ def test_a_file_that_appeared_late_still_gives_a_rate():
 def test_capacity(name, occ, spawning, held, maximum, binding, kind):
     pool = PoolSettings(min_workers=1, max_workers=maximum)
     views = [WorkerView(f"w{i}", o) for i, o in enumerate(occ)]
-    decision = check_capacity(views, pool, spawning=spawning, held=held, holds=binding)
+    decision = check_scale_up(views, pool, spawning=spawning, counted=held, holds=binding)
     assert (decision.kind if decision else None) == kind
     if kind == "held":
         assert "cpu" in decision.numbers["limits"]

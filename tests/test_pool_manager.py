@@ -31,7 +31,7 @@ class Supervisor:
     def workers_of(self, key):
         return list(self.workers)
 
-    def held(self, key):
+    def counted(self, key):
         return len(self.workers) + self.elsewhere
 
     def launching(self, key):

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from elasticd.config.model import PoolSettings
 from elasticd.pool.evaluator import ForwardSnapshot, Row, Window, components_of, history_of, occupancy, rates_of
 from elasticd.pool.ledger import ledger, plan_compaction
-from elasticd.pool.policy import WorkerView, admit, check_capacity, place_login
+from elasticd.pool.policy import WorkerView, admit, check_scale_up, place_login
 from elasticd.pool.report import Executor, Report, ReportError, parse_report
 
 POOL = PoolSettings(min_workers=1, max_workers=4, reception_threshold=0.5, admission_threshold=0.8,
@@ -159,13 +159,13 @@ SCALE = [
 
 @pytest.mark.parametrize(("name", "occ", "spawning", "kind"), SCALE, ids=[r[0] for r in SCALE])
 def test_check_capacity(name, occ, spawning, kind):
-    decision = check_capacity(views(*occ), POOL, spawning=spawning)
+    decision = check_scale_up(views(*occ), POOL, spawning=spawning)
     assert (decision.kind if decision else None) == kind
 
 
 def test_unbounded_max_workers():
     from dataclasses import replace
-    assert check_capacity(views(0.1, 0.9, 0.9, 0.9), replace(POOL, max_workers=None), spawning=0).kind == "scale-up"
+    assert check_scale_up(views(0.1, 0.9, 0.9, 0.9), replace(POOL, max_workers=None), spawning=0).kind == "scale-up"
 
 
 # ---------------------------------------------------------------------- the ledger and compaction
@@ -236,7 +236,7 @@ def test_a_compaction_never_leads_straight_into_a_scale_up(group):
     for user, target in plan.moves.items():
         projected[target] += loads[plan.retire][user]
     survivors = [WorkerView(w.id, projected[w.id]) for w in workers if w.id != plan.retire]
-    assert check_capacity(survivors, pool, spawning=0) is None
+    assert check_scale_up(survivors, pool, spawning=0) is None
 
 
 @settings(max_examples=400, deadline=None)

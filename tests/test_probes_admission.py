@@ -1,6 +1,6 @@
 """Admission on capacity readings (seed 001) in the front's decision (front/core/dispatch.py ``decide`` with its
 ``full`` map: worker id → (until, retry_after, wait)): a full worker takes nothing; a new user goes to one with
-room; a sticky user waits for room on its own worker (``Room``), never re-placed; every worker full is a ``Room``
+room; a sticky user waits for room on its own worker (``NoRoom``), never re-placed; every worker full is a ``NoRoom``
 for the group, its quota slot given back; readings only ever narrow. Tables; time passed in."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from elasticd.config.model import Quotas
 from elasticd.front.core.counters import ForwardCounters
-from elasticd.front.core.dispatch import Refuse, Room, Target, decide
+from elasticd.front.core.dispatch import NoRoom, Refuse, Target, decide
 from elasticd.front.core.http1 import RequestHead
 from elasticd.front.core.quota import TenantQuota
 from elasticd.front.core.routing import AppRoute
@@ -68,7 +68,7 @@ def _run(user: str, full: dict[str, tuple[float, int, float]] | None, *, routabl
 
 def _where(decision: Any) -> Any:
     """A forward's worker id, else the decision itself."""
-    return decision[0].worker_id if isinstance(decision, tuple) and not isinstance(decision, (Room, Refuse)) \
+    return decision[0].worker_id if isinstance(decision, tuple) and not isinstance(decision, (NoRoom, Refuse)) \
         else decision
 
 
@@ -88,15 +88,15 @@ def _where(decision: Any) -> Any:
     ("new", {"w1": _full(until=NOW - 10)}, {}, "w1"),
     ("new", {"w1": _full(until=NOW + 0.001)}, {}, "w2"),
     ("sticky:w1", {"w1": _full(until=NOW)}, {}, "w1"),
-    # every worker full: a Room for the group, the least retry_after and the longest wait
+    # every worker full: a NoRoom for the group, the least retry_after and the longest wait
     ("new", {"w1": _full(retry_after=5, wait=0.5), "w2": _full(retry_after=2, wait=3.0)}, {},
-     Room(GROUP, 2, 3.0)),
-    ("new", {"w1": _full(retry_after=7, wait=1.5)}, {"routable": ("w1",)}, Room(GROUP, 7, 1.5)),
-    ("sticky:gone", {"w1": _full(retry_after=4), "w2": _full(retry_after=9)}, {}, Room(GROUP, 4, 1.0)),  # re-placed
+     NoRoom(GROUP, 2, 3.0)),
+    ("new", {"w1": _full(retry_after=7, wait=1.5)}, {"routable": ("w1",)}, NoRoom(GROUP, 7, 1.5)),
+    ("sticky:gone", {"w1": _full(retry_after=4), "w2": _full(retry_after=9)}, {}, NoRoom(GROUP, 4, 1.0)),  # re-placed
     # a sticky user whose worker is full waits for room there: never re-placed elsewhere
-    ("sticky:w1", {"w1": _full(retry_after=3, wait=0.25)}, {}, Room("w1", 3, 0.25)),
+    ("sticky:w1", {"w1": _full(retry_after=3, wait=0.25)}, {}, NoRoom("w1", 3, 0.25)),
     ("sticky:w1", {"w1": _full(retry_after=3, wait=0.25), "w2": _full(retry_after=1, wait=9.0)}, {},
-     Room("w1", 3, 0.25)),  # everyone full: its own worker's Room, not the group's
+     NoRoom("w1", 3, 0.25)),  # everyone full: its own worker's NoRoom, not the group's
     # a sticky user whose worker has room, another full: its own worker
     ("sticky:w1", {"w2": _full()}, {}, "w1"),
     ("sticky:w2", {"w1": _full()}, {}, "w2"),
@@ -106,13 +106,13 @@ def _where(decision: Any) -> Any:
     ("pinned:wk", {"w1": _full()}, {"kept": ("wk",)}, "wk"),
     ("pinned:wk", {"wk": _full(), "w1": _full(), "w2": _full()}, {"kept": ("wk",)}, "wk"),
     ("pinned:wk", {"w1": _full(), "w2": _full()}, {"kept": ("wk",), "unroutable": ("wk",)},
-     Room(GROUP, 2, 1.0)),  # its kept worker found dead: admitted like anyone re-placed
-    ("pinned:wk", {"w1": _full(retry_after=6), "w2": _full()}, {}, Room(GROUP, 2, 1.0)),  # no such worker kept
+     NoRoom(GROUP, 2, 1.0)),  # its kept worker found dead: admitted like anyone re-placed
+    ("pinned:wk", {"w1": _full(retry_after=6), "w2": _full()}, {}, NoRoom(GROUP, 2, 1.0)),  # no such worker kept
     # only narrowing: a reading that says room does not admit an unroutable worker
-    ("new", {"w1": _full(until=NOW - 1), "w2": _full(retry_after=4)}, {"unroutable": ("w1",)}, Room(GROUP, 4, 1.0)),
+    ("new", {"w1": _full(until=NOW - 1), "w2": _full(retry_after=4)}, {"unroutable": ("w1",)}, NoRoom(GROUP, 4, 1.0)),
     ("new", {"w1": _full(until=NOW - 1)}, {"unroutable": ("w1",)}, "w2"),
     ("sticky:w1", {"w1": _full(until=NOW - 1), "w2": _full(retry_after=4)}, {"unroutable": ("w1",)},
-     Room(GROUP, 4, 1.0)),  # its worker found dead: re-placed, and nowhere has room
+     NoRoom(GROUP, 4, 1.0)),  # its worker found dead: re-placed, and nowhere has room
     ("sticky:w1", {"w1": _full(until=NOW - 1)}, {"unroutable": ("w1",)}, "w2"),
 ])
 def test_admission(user, full, kwargs, expected):
@@ -131,7 +131,7 @@ def test_a_new_user_admitted_is_given_its_cookie_and_placed_where_it_went(full, 
 
 def test_a_sticky_user_left_waiting_stays_on_its_worker() -> None:
     decision, surface = _run("sticky:w1", {"w1": _full(retry_after=3)})
-    assert decision == Room("w1", 3, 1.0)
+    assert decision == NoRoom("w1", 3, 1.0)
     entry = surface.get(USER)
     assert entry is not None and (entry.worker, entry.group, entry.seen) == ("w1", "green", 1.0)  # not re-placed
 
@@ -144,8 +144,8 @@ def test_a_user_whose_worker_went_is_placed_where_there_is_room() -> None:
 
 
 @pytest.mark.parametrize(("user", "full", "kwargs", "room"), [
-    ("new", {"w1": _full(retry_after=5), "w2": _full(retry_after=2, wait=0.5)}, {}, Room(GROUP, 2, 1.0)),
-    ("sticky:w2", {"w2": _full(retry_after=8, wait=2.0)}, {}, Room("w2", 8, 2.0)),
+    ("new", {"w1": _full(retry_after=5), "w2": _full(retry_after=2, wait=0.5)}, {}, NoRoom(GROUP, 2, 1.0)),
+    ("sticky:w2", {"w2": _full(retry_after=8, wait=2.0)}, {}, NoRoom("w2", 8, 2.0)),
 ])
 def test_a_room_gives_its_quota_slot_back(user, full, kwargs, room):
     quota = TenantQuota(Quotas(max_concurrent_requests=2), 0.0)

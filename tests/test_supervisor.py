@@ -312,13 +312,13 @@ async def test_a_group_removed_and_added_again_while_draining_gets_new_worker_id
     async def drain(workers, timeout):
         await release.wait()  # the removed group's worker still has a request open
 
-    supervisor.drain = drain
+    supervisor.wait_drained = drain
     key = ("t", "a", "g")
     assert await supervisor._start_group(key, Desired(spec, 1, 1)) == []
     draining = supervisor._stop_group(key)
     assert await supervisor._start_group(key, Desired(spec, 1, 1)) == []  # a reload brings it back
     assert [w.id for w in supervisor.workers_of(key)] == ["t.a.g.2"]
-    assert supervisor.find("t.a.g.1") is not None and supervisor.held(key) == 2  # both alive, both counted
+    assert supervisor.find("t.a.g.1") is not None and supervisor.counted(key) == 2  # both alive, both counted
     release.set()
     await draining
     assert supervisor.find("t.a.g.1") is None and supervisor.find("t.a.g.2").routable

@@ -47,7 +47,7 @@ class GroupRoom:
     its scale-up."""
 
     occupancies: tuple[float, ...]
-    held_workers: int
+    counted_workers: int
     max_workers: int | None
     reception_threshold: float
     admission_threshold: float
@@ -65,8 +65,8 @@ class GroupRoom:
         if self.max_workers is None:
             return math.inf
         # (the routable ones count even when the supervisor's count lags: a worker just launched by a reload)
-        startable = cap.startable(self.max_workers, max(self.held_workers, n)) or 0
-        if startable and not n and not self.held_workers:
+        startable = cap.startable(self.max_workers, max(self.counted_workers, n)) or 0
+        if startable and not n and not self.counted_workers:
             # at zero: the first to start is the reception, worth its own threshold
             return headroom + self.reception_threshold + (startable - 1) * self.admission_threshold
         return headroom + startable * self.admission_threshold

@@ -85,7 +85,7 @@ class AgentRooms:
             share = 1.0 if model.canary is None else (model.canary.share if name == model.canary.group
                                                        else 1.0 - model.canary.share)
             pool = group.pool
-            groups.append(GroupRoom(tuple(self._pool.occupancies_of(key)), self._supervisor.held(key),
+            groups.append(GroupRoom(tuple(self._pool.occupancies_of(key)), self._supervisor.counted(key),
                                     pool.max_workers, pool.reception_threshold, pool.admission_threshold,
                                     held=bool(bound.get(key)), failed=dead, share=share))
         return AppRoom(f"{tenant}/{app}", tuple(groups), failed=failed and not routable,

@@ -21,17 +21,17 @@ from elasticd.front import serving
 from elasticd.front.client import ClientConn
 from elasticd.front.core.bounds import CONNECTIONS, MAX_HEAD_BYTES, MAX_WAITING, OPEN, WAIT, next_connection
 from elasticd.front.core.counters import ForwardCounters
-from elasticd.front.core.dispatch import Hold, Refuse, Room, Target, Wake, decide, has_room
+from elasticd.front.core.dispatch import Moving, NoRoom, Refuse, Target, Wake, decide, has_room
 from elasticd.front.core.exchange import Exchange
 from elasticd.front.core.parking import Parked, ParkingLot
 from elasticd.front.core.quota import QuotaBook
 from elasticd.front.core.relay import (
     EVENT_FAIL,
-    EVENT_HOLD,
+    EVENT_PARK,
     EVENT_REFUSE,
     EVENT_RELEASE,
     PHASE_FORWARDING,
-    PHASE_HELD,
+    PHASE_PARKED,
     Event,
     RelayError,
 )
@@ -56,8 +56,8 @@ _WAKE_RETRY_AFTER: Final = 5  # seconds a client is told to wait after a cold st
 _CROWDED_RETRY_AFTER: Final = 1  # seconds a client is told to wait when too many requests wait for its worker
 
 
-_WAITS: Final = (Hold, Wake, Room)  # what dispatch.decide answers for a request that waits in the front (parked)
-_TICKED: Final = (Parked.WAKE, Parked.ROOM)  # the reasons the tick may end (a move's end is the move's to say)
+_WAITS: Final = (Moving, Wake, NoRoom)  # what dispatch.decide answers for a request that waits in the front (parked)
+_TICKED: Final = (Parked.WAKE, Parked.FULL)  # the reasons the tick may end (a move's end is the move's to say)
 
 
 def _group_name(key: tuple[str, str, str]) -> str:
@@ -289,7 +289,7 @@ class Front:
                 if self._may_go(reason, key, now):
                     self._dispatch_parked(parked.release(reason, key), key)
                     continue
-                if reason is Parked.ROOM:  # each request after its reading's own wait
+                if reason is Parked.FULL:  # each request after its reading's own wait
                     retry_after, wait = parked.terms(reason, key)
                     overdue = parked.release_older(reason, key, now - wait)
                     if overdue:
@@ -315,7 +315,7 @@ class Front:
                        if (r.tenant, r.app) == (tenant, app)):
                 return True  # a reload removed the group: decided again under the table in force
             return any(w.worker_id not in self.unroutable for w in self._workers(tenant, app, group))
-        if "/" in key:  # ROOM, a new user's: any worker of the group with room
+        if "/" in key:  # FULL, a new user's: any worker of the group with room
             tenant, app, group = key.split("/")
             return any(w.worker_id not in self.unroutable and has_room(self.full, w.worker_id, now)
                        for w in self._workers(tenant, app, group))
@@ -326,8 +326,8 @@ class Front:
         users waiting for any worker of the group, are dispatched, oldest first."""
         released = 0
         for key in (worker_id, _group_name(group)):
-            if self.parked.holds(Parked.ROOM, key):
-                released += self._dispatch_parked(self.parked.release(Parked.ROOM, key), key)
+            if self.parked.holds(Parked.FULL, key):
+                released += self._dispatch_parked(self.parked.release(Parked.FULL, key), key)
         return released
 
     def backed_off(self, ex: Exchange) -> None:
@@ -436,14 +436,14 @@ class Front:
         else:
             self._open_or_wait(client, ex, pool)
 
-    def _park(self, decision: Hold | Wake | Room, client: ClientConn, ex: Exchange, now: float) -> None:
-        ex.advance(EVENT_HOLD)
-        if isinstance(decision, Hold):
+    def _park(self, decision: Moving | Wake | NoRoom, client: ClientConn, ex: Exchange, now: float) -> None:
+        ex.advance(EVENT_PARK)
+        if isinstance(decision, Moving):
             self.parked.park(Parked.MOVE, decision.user, client, ex, now)
         elif isinstance(decision, Wake):
             self.parked.park(Parked.WAKE, _group_name(decision.key), client, ex, now)
         else:
-            self.parked.park(Parked.ROOM, decision.key, client, ex, now, retry_after=decision.retry_after,
+            self.parked.park(Parked.FULL, decision.key, client, ex, now, retry_after=decision.retry_after,
                              wait=decision.wait)
 
     def release(self, user: str) -> int:
@@ -469,7 +469,7 @@ class Front:
         """Parked requests answered by the front (with ``status``), oldest first."""
         answered = 0
         for client, ex in parked:
-            if client.transport is None or ex.phase is not PHASE_HELD:
+            if client.transport is None or ex.phase is not PHASE_PARKED:
                 continue  # the client left meanwhile
             try:
                 ex.advance(EVENT_RELEASE)
@@ -487,7 +487,7 @@ class Front:
     def _dispatch_parked(self, parked: list[tuple[ClientConn, Exchange]], what: str) -> int:
         released = 0
         for client, ex in parked:
-            if client.transport is None or ex.phase is not PHASE_HELD:
+            if client.transport is None or ex.phase is not PHASE_PARKED:
                 continue  # the client left meanwhile
             try:
                 ex.advance(EVENT_RELEASE)

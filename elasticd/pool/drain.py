@@ -36,7 +36,7 @@ def drain_verdict(now: float, started: float, *, open_requests: int, tunnels: in
     return DrainVerdict(True, " and ".join(parts))
 
 
-def replacement_for_drain(worker_id: str, *, staying: int, floor: int, held: int, max_workers: int | None,
+def replacement_for_drain(worker_id: str, *, staying: int, floor: int, counted: int, max_workers: int | None,
                           stopping: bool = False) -> str | None:
     """Why a replacement must start before ``worker_id`` is drained away (None: the ``staying`` workers keep the
     group's floor). ValueError when one is needed but cannot start: elasticd is stopping, or the cap (``cap.py``)
@@ -46,8 +46,8 @@ def replacement_for_drain(worker_id: str, *, staying: int, floor: int, held: int
         return None
     if stopping:
         raise ValueError(refused_while_stopping(worker_id))
-    if not may_start(max_workers, held, replacing=1):
-        raise ValueError(f"no replacement for {worker_id} can start: the group holds {held} workers, max_workers "
+    if not may_start(max_workers, counted, replacing=1):
+        raise ValueError(f"no replacement for {worker_id} can start: the group counts {counted} workers, max_workers "
                          f"{max_workers}: it is kept, with its users")
     return f"replaces {worker_id}, drained by an operator, to keep min_workers {floor}"
 

@@ -79,20 +79,20 @@ class WakeVerdict(StrEnum):
 _WAITING = frozenset({WakeVerdict.START, WakeVerdict.COMING, WakeVerdict.AFTER_RETIRE})
 
 
-def wake_rule(workers: Iterable[tuple[WorkerState, bool, bool]], *, launching: bool, held: int,
+def wake_rule(workers: Iterable[tuple[WorkerState, bool, bool]], *, launching: bool, counted: int,
               max_workers: int | None) -> WakeVerdict:
     """``workers``: the group's, each as (state, routable, leaving — being retired or drained away); ``launching``:
-    a worker is being started for it outside its list; ``held``: what the cap counts (the supervisor's)."""
+    a worker is being started for it outside its list; ``counted``: what the cap counts (the supervisor's)."""
     staying = [(state, routable) for state, routable, leaving in workers if not leaving]
-    # (one a retire took out of the list and is stopping is not among ``workers``, but ``held`` still counts it)
+    # (one a retire took out of the list and is stopping is not among ``workers``, but ``counted`` still counts it)
     if any(routable for _, routable in staying):
         return WakeVerdict.DEAD
     if launching or any(state in COMING for state, _ in staying):
         return WakeVerdict.COMING
     if any(state is WorkerState.FAILED for state, _ in staying):
         return WakeVerdict.FAILED
-    if may_start(max_workers, held):
+    if may_start(max_workers, counted):
         return WakeVerdict.START
-    if held > sum(1 for state, _ in staying if state in COUNTED):
+    if counted > sum(1 for state, _ in staying if state in COUNTED):
         return WakeVerdict.AFTER_RETIRE  # what fills the cap is going: its room comes when it has stopped
     return WakeVerdict.AT_CAP

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from elasticd.config.model import PoolSettings
 from elasticd.pool.evaluator import SMOOTHING_ROWS
-from elasticd.pool.policy import PoolDecision, WorkerView, check_capacity
+from elasticd.pool.policy import PoolDecision, WorkerView, check_scale_up
 
 __all__ = ["Compaction", "CompactionSteps", "Ledger", "compaction_steps", "ledger", "may_compact", "plan_compaction",
            "plan_evacuation"]
@@ -82,7 +82,7 @@ def plan_compaction(workers: Sequence[WorkerView], loads: Mapping[str, Mapping[s
         moves[user] = target
     # The same rule that grows the group, asked of the group as it would be: a compaction it would answer with
     # a scale-up is not made (e.g. an idle worker drained while the remaining one is over its threshold).
-    if check_capacity([WorkerView(w.id, projected[w.id]) for w in survivors], replace(pool, max_workers=None),
+    if check_scale_up([WorkerView(w.id, projected[w.id]) for w in survivors], replace(pool, max_workers=None),
                       spawning=0) is not None:
         return None
     after = ledger(list(projected.values()), pool)

@@ -35,7 +35,7 @@ from elasticd.pool.group_record import Changes, GroupRecord, GroupSettings
 from elasticd.pool.idle import ColdStarts, WakeVerdict, wake_rule
 from elasticd.pool.ledger import compaction_steps, may_compact, plan_compaction
 from elasticd.pool.move import Move, MoveSummary, Outcome
-from elasticd.pool.policy import PoolDecision, WorkerView, check_capacity, next_hold, place_login
+from elasticd.pool.policy import PoolDecision, WorkerView, check_scale_up, next_hold, place_login
 from elasticd.pool.pool_view import describe_group, describe_moves
 from elasticd.pool.ports import GroupKey, PoolForwards, PoolSupervisor, PoolSurface, PoolWorker
 from elasticd.pool.report import Report
@@ -191,7 +191,7 @@ class PoolManager:
                 continue
             groups[key[2]] = describe_group(
                 record, self._supervisor.workers_of(key), self.routable_ids(key), announced=self._tick.announced,
-                counted=self._supervisor.held(key), users_of=users_of,
+                counted=self._supervisor.counted(key), users_of=users_of,
                 moves=describe_moves([m for m in moves if _key_of(m.source) == key], now))
         return {"tenant": tenant, "app": app, "groups": groups}
 
@@ -229,7 +229,7 @@ class PoolManager:
         record.book.last_active = now  # a request came for it: not idle (it may be going to zero just now)
         draining = record.flight.draining
         verdict = wake_rule([(w.state, w.routable, w.id in draining) for w in self._supervisor.workers_of(key)],
-                            launching=self._supervisor.launching(key), held=self._supervisor.held(key),
+                            launching=self._supervisor.launching(key), counted=self._supervisor.counted(key),
                             max_workers=record.pool.max_workers)
         if verdict is WakeVerdict.AFTER_RETIRE:
             record.flight.owed = True
@@ -347,8 +347,8 @@ class PoolManager:
         binding = limit_bindings(budget, record.pool, worker_rss=rss,
                                  worker_pids=self._pids_per_worker(key[0], budget) if budget.pids_max else None)
         # decide
-        decision = check_capacity(views, record.pool, spawning=len(flight.spawning) + unmeasured,
-                                  held=self._supervisor.held(key), holds=binding, measuring=budget.pending)
+        decision = check_scale_up(views, record.pool, spawning=len(flight.spawning) + unmeasured,
+                                  counted=self._supervisor.counted(key), holds=binding, measuring=budget.pending)
         bound, new = next_hold(book.bound, binding, decision, measuring=budget.pending)
         if book.bound and not bound:
             log.info("pool %s: no longer held by the tenant's %s limit", "/".join(key), ", ".join(sorted(book.bound)))
@@ -368,12 +368,12 @@ class PoolManager:
         flight.spawning.add(worker.id)
         book.record(PoolDecision(decision.kind, worker.id, decision.reason,
                                  {**decision.numbers, "budget": budget.numbers()}))
-        log.info("pool %s: scale-up to %d workers (%s)", "/".join(key), self._supervisor.held(key), decision.reason)
+        log.info("pool %s: scale-up to %d workers (%s)", "/".join(key), self._supervisor.counted(key), decision.reason)
 
     def _pids_per_worker(self, tenant: str, budget: Budget) -> float | None:
         if budget.reading is None or budget.reading.pids is None:
             return None
-        workers = sum(self._supervisor.held(key) for key in self._groups if key[0] == tenant)
+        workers = sum(self._supervisor.counted(key) for key in self._groups if key[0] == tenant)
         return budget.reading.pids / workers if workers else None
 
     def _check_ledger(self, key: GroupKey, record: GroupRecord, views: Sequence[WorkerView]) -> None:

@@ -26,7 +26,7 @@ from elasticd.config.model import PoolSettings
 from elasticd.pool.budget import LimitBinding
 from elasticd.pool.cap import may_start
 
-__all__ = ["PoolDecision", "WorkerView", "admit", "check_capacity", "next_hold", "place_login"]
+__all__ = ["PoolDecision", "WorkerView", "admit", "check_scale_up", "next_hold", "place_login"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,17 +83,17 @@ def place_login(workers: Sequence[WorkerView], pool: PoolSettings, *, current: s
     return [passed, admit(workers, pool)]
 
 
-def check_capacity(workers: Sequence[WorkerView], pool: PoolSettings, *, spawning: int, held: int | None = None,
+def check_scale_up(workers: Sequence[WorkerView], pool: PoolSettings, *, spawning: int, counted: int | None = None,
                    holds: Sequence[LimitBinding] = (), measuring: bool = False) -> PoolDecision | None:
     """Rule 3: a scale-up (or ``held``) decision, or None when the group places well or a guard holds.
 
-    ``workers``: the routable ones; ``held``: every worker the supervisor holds for the group and has not
+    ``workers``: the routable ones; ``counted``: every worker the supervisor holds for the group and has not
     stopped (what the cap counts, ``cap.py``; default: the routable ones); ``holds``: the cgroup limits that bind;
     ``measuring``: the tenant's cgroup has no reading yet (wait for one rather than grow blind)."""
     if not workers:
         return None
-    held = len(workers) if held is None else held
-    numbers: dict[str, Any] = {"occupancies": _occupancies(workers), "workers": len(workers), "held": held,
+    counted = len(workers) if counted is None else counted
+    numbers: dict[str, Any] = {"occupancies": _occupancies(workers), "workers": len(workers), "counted": counted,
                                "spawning": spawning, "max_workers": pool.max_workers}
     if len(workers) == 1:
         if workers[0].occupancy < pool.reception_threshold:
@@ -105,7 +105,7 @@ def check_capacity(workers: Sequence[WorkerView], pool: PoolSettings, *, spawnin
         reason = f"no worker other than the reception under {pool.admission_threshold:g}"
     if spawning:
         return None  # a spawn in flight: wait for it to become routable and be measured
-    if not may_start(pool.max_workers, held):
+    if not may_start(pool.max_workers, counted):
         return None
     if measuring:
         return None

@@ -62,7 +62,7 @@ def describe_group(record: GroupRecord, workers: Sequence[PoolWorker], routable:
         "cpu_wall": round(readings.wall, 4),
         "held": None if hold is None else {"resources": sorted(book.bound), "reason": hold.reason,
                                            "limits": hold.numbers.get("limits", {})},
-        "held_workers": counted,
+        "counted_workers": counted,
         "ledger": ledger([readings.occupancy_of(wid) for wid in routable], pool).numbers(),
         "workers": shown,
         "decisions": book.journal.last(),

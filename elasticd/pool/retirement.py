@@ -99,7 +99,7 @@ class Retirement:
         try:
             staying = sum(1 for w in self._supervisor.workers_of(key) if w.id != worker_id)
             why = replacement_for_drain(worker_id, staying=staying, floor=record.settings.floor,
-                                        held=self._supervisor.held(key), max_workers=record.pool.max_workers)
+                                        counted=self._supervisor.counted(key), max_workers=record.pool.max_workers)
             if why is not None:
                 replacement = self._supervisor.add_worker(key)
                 if replacement is None:  # elasticd is stopping (or the group going): the worker stays as it is

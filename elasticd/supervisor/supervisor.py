@@ -7,7 +7,7 @@ and the error is reported. Workers whose definition did not change are not touch
 
 Workers leaving a group (a removed app or tenant, a replaced or shrunk group) are retired in the
 background: no new requests reach them (they are out of the group's list, which is what the front routes
-to), ``drain`` waits until nothing is open on them (requests and WebSocket tunnels, up to the group's
+to), ``wait_drained`` waits until nothing is open on them (requests and WebSocket tunnels, up to the group's
 ``drain_timeout``), then they are stopped. A reload does not wait for that.
 
 Every worker ever started and not yet stopped is in ``_alive``, whichever list it is in (a group's, being
@@ -75,9 +75,9 @@ class _Group:
 
 
 class Supervisor:
-    __slots__ = ("_alive", "_background", "_counters", "_groups", "_lock", "changes", "drain", "leaf_for",
+    __slots__ = ("_alive", "_background", "_counters", "_groups", "_lock", "changes", "leaf_for",
                  "occupancy_interval", "on_worker_state", "runtime_dir", "start_wait", "stop_timeout", "stopping",
-                 "systemd_cat")
+                 "systemd_cat", "wait_drained")
 
     def __init__(self, runtime_dir: str, leaf_for: Callable[[str, str], str | None], *,
                  stop_timeout: float = 10.0, occupancy_interval: float = 5.0,
@@ -101,7 +101,7 @@ class Supervisor:
         self._counters: dict[GroupKey, int] = {}
         self._background = Background(log, "retiring workers")
         self._lock = asyncio.Lock()
-        self.drain: DrainFn | None = None  # the daemon's: waits on the front's open requests and tunnels
+        self.wait_drained: DrainFn | None = None  # the daemon's: waits on the front's open requests and tunnels
         self.stopping = False
 
     @staticmethod
@@ -119,7 +119,7 @@ class Supervisor:
         """Any worker started and not yet stopped (a retiring one still reports on the channel)."""
         return self._alive.get(worker_id)
 
-    def held(self, key: GroupKey) -> int:
+    def counted(self, key: GroupKey) -> int:
         """Every worker of the group with a process or about to have one (starting, running, in backoff,
         draining, being replaced; not failed, not stopped: lifecycle.COUNTED), in any list: what max_workers caps."""
         return sum(1 for w in self._alive.values() if (w.tenant, w.app, w.group) == key and w.state in COUNTED)
@@ -272,9 +272,9 @@ class Supervisor:
 
         async def retire() -> None:
             # Cancelled only by stop_all, which stops every alive worker itself: no stop here on cancellation.
-            if self.drain is not None:
+            if self.wait_drained is not None:
                 try:
-                    await self.drain(workers, drain_timeout)
+                    await self.wait_drained(workers, drain_timeout)
                 except Exception:
                     log.exception("waiting for %s to drain failed; stopping them now", ", ".join(w.id for w in workers))
             await self._stop_workers(workers)

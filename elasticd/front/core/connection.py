@@ -37,7 +37,7 @@ from elasticd.front.core.relay import (
     FAILURE_RETRY,
     PHASE_DONE,
     PHASE_FORWARDING,
-    PHASE_HELD,
+    PHASE_PARKED,
     PHASE_QUEUED,
     TIMEOUT_CLOSE,
     CloseMode,
@@ -54,9 +54,9 @@ __all__ = ["CLOSE", "CONTINUE", "CROWDED", "DISPATCH", "FAIL", "MAX_PENDING", "M
            "ClientRelay"]
 
 MAX_QUEUE: Final = 16  # pipelined requests read ahead of the one being served
-# A held request (a live move, a cold start) is answered by the front's own deadline for it; the connection's
-# idle limit stays this much behind, so the hold's answer (a 503 with Retry-After) is sent, not a silent close.
-HELD_MARGIN: Final = 5.0
+# A parked request (a live move, a cold start, no room) is answered by the front's own deadline for it; the connection's
+# idle limit stays this much behind, so the lot's answer (a 503 with Retry-After) is sent, not a silent close.
+PARKED_MARGIN: Final = 5.0
 MAX_PENDING: Final = 256 << 10  # request body bytes buffered before reading from the client pauses
 
 # ``receive``'s effects (a bitmask; 0: nothing to do).
@@ -441,7 +441,7 @@ class ClientRelay:
         if self.idle:
             return keepalive
         queue = self.queue
-        return request + HELD_MARGIN if queue and queue[0].phase is PHASE_HELD else request
+        return request + PARKED_MARGIN if queue and queue[0].phase is PHASE_PARKED else request
 
     def head_overdue(self, now: float, request: float) -> bool:
         """The worker's answer head began more than ``request`` seconds ago and is still not whole: a worker that

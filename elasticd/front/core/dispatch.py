@@ -1,8 +1,8 @@
 """Where a request goes, decided with no I/O: route → (a user being moved: hold) → quota → sticky lookup → the user's
 group (``groups``) → admission by capacity readings → placement, giving a ``Forward`` (the worker, the user, its
-surface entry, a Set-Cookie line for a new user, the group), a ``Hold`` (the user is being moved: the request waits
+surface entry, a Set-Cookie line for a new user, the group), a ``Moving`` (the user is being moved: the request waits
 in the front until the move ends), a ``Wake`` (the group is at zero workers and one is starting: the request waits
-for it), a ``Room`` (every worker the request may go to says it is full — a capacity reading, seed 001: it waits
+for it), a ``NoRoom`` (every worker the request may go to says it is full — a capacity reading, seed 001: it waits
 briefly for room, then is answered 503) or a ``Refuse`` (status, text, Retry-After). Time is passed in. It changes
 only the core's own books: the quota's gate and bucket (an admitted request is counted in flight), the surface (a
 new or re-placed user), the refusal and routing counts.
@@ -28,7 +28,7 @@ from elasticd.front.core.sticky import (
     user_from_cookie,
 )
 
-__all__ = ["Forward", "Full", "Hold", "Refuse", "Room", "Target", "Wake", "WorkersOf", "decide", "has_room"]
+__all__ = ["Forward", "Full", "Moving", "NoRoom", "Refuse", "Target", "Wake", "WorkersOf", "decide", "has_room"]
 
 
 class Target:
@@ -59,8 +59,8 @@ class Refuse(NamedTuple):
     retry_after: int | None
 
 
-class Hold(NamedTuple):
-    """The request's user is being moved: hold it, unforwarded, until the move ends (then decide again). Held
+class Moving(NamedTuple):
+    """The request's user is being moved: park it, unforwarded, until the move ends (then decide again). Parked
     before the quota is asked: a request waiting for a move takes no concurrency slot."""
 
     user: str
@@ -71,9 +71,9 @@ class Hold(NamedTuple):
 Full = Mapping[str, tuple[float, int, float]]
 
 
-class Room(NamedTuple):
+class NoRoom(NamedTuple):
     """Admission: the worker a sticky user lives on (``key``: its id) or every worker of the group a new user may
-    go to (``key``: "tenant/app/group") says it is full. Hold the request until one has room, at most ``wait``
+    go to (``key``: "tenant/app/group") says it is full. Park the request until one has room, at most ``wait``
     seconds, then answer 503 with ``retry_after``. Its quota slot was given back."""
 
     key: str
@@ -92,13 +92,13 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
            unroutable: Collection[str], surface: Surface, place: PlaceFn, forwards: ForwardCounters,
            kept: Callable[[str], W | None] | None = None,
            wake: Callable[[tuple[str, str, str]], bool] | None = None,
-           full: Full | None = None) -> Forward[W] | Hold | Refuse | Wake | Room:
+           full: Full | None = None) -> Forward[W] | Moving | Refuse | Wake | NoRoom:
     """``workers_of``: a group's routable workers (reception first); ``unroutable``: those the front found dead
     since; ``kept``: a worker being emptied (not routable: it takes no one new) by its id, while it still
     serves the users pinned to it; ``wake``: asked when the user's group has no worker (True: one is starting:
     wait for it); ``full``: the workers whose capacity reading refuses (``Full``).
 
-    The steps, in order: the app (404); the user and a move under way (``Hold``, before the quota: a request
+    The steps, in order: the app (404); the user and a move under way (``Moving``, before the quota: a request
     waiting for a move takes no slot); the quota (429/503); then ``_route``. Whatever ``_route`` answers other
     than a forward gives the quota slot back, here and only here: a refusal added later cannot leak one."""
     if target is None:
@@ -109,7 +109,7 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
     entry = surface.users.get(user) if user is not None else None
     if entry is not None and entry.moving:
         assert user is not None
-        return Hold(user)
+        return Moving(user)
     quota = target.quota
     if quota is not None:
         refusal = quota.admit(now)
@@ -130,7 +130,7 @@ def _route(target: Target, head: RequestHead, now: float, user: str | None, entr
            workers_of: WorkersOf[W], unroutable: Collection[str], surface: Surface, place: PlaceFn,
            forwards: ForwardCounters, kept: Callable[[str], W | None] | None,
            wake: Callable[[tuple[str, str, str]], bool] | None,
-           full: Full | None) -> Forward[W] | Refuse | Wake | Room:
+           full: Full | None) -> Forward[W] | Refuse | Wake | NoRoom:
     """An admitted request: its user's group, the group's workers, admission by capacity readings, placement."""
     route, quota = target.route, target.quota
     fresh = user is None
@@ -144,7 +144,7 @@ def _route(target: Target, head: RequestHead, now: float, user: str | None, entr
         return _no_worker(route, target.stats, now, user, entry, group, quota, kept, wake, unroutable)
     if full:
         admitted = _admission(full, now, workers, route, group, entry)
-        if isinstance(admitted, Room):
+        if isinstance(admitted, NoRoom):
             return admitted
         workers = admitted
     if counted:
@@ -174,7 +174,7 @@ def _route(target: Target, head: RequestHead, now: float, user: str | None, entr
     # New on the surface, or its worker went: (re-)placed in its group, among those with room.
     if full:
         roomy = _roomy(full, now, workers, route, group)
-        if isinstance(roomy, Room):  # (its group choice, counted above, is counted again when it goes: rare)
+        if isinstance(roomy, NoRoom):  # (its group choice, counted above, is counted again when it goes: rare)
             return roomy
         workers = roomy
     worker = _placed(place(user, surface, workers), workers)
@@ -219,7 +219,7 @@ def _no_worker(route: AppRoute, stats: RouteStats, now: float, user: str, entry:
 
 
 def _admission(full: Full, now: float, workers: Sequence[W], route: AppRoute, group: str,
-               entry: SurfaceUser | None) -> Sequence[W] | Room:
+               entry: SurfaceUser | None) -> Sequence[W] | NoRoom:
     """Admission (seed 001): a worker whose own reading says it is full takes nothing, whatever the front counts
     open on it. A user stuck to a full one waits for room there (its state lives there); a user to be placed is
     placed among those with room (``_roomy``). A reading never admits what was refused otherwise: only the
@@ -227,20 +227,20 @@ def _admission(full: Full, now: float, workers: Sequence[W], route: AppRoute, gr
     if entry is not None and entry.worker:
         refused = full.get(entry.worker)
         if refused is not None and refused[0] > now and any(w.worker_id == entry.worker for w in workers):
-            return Room(entry.worker, refused[1], refused[2])
+            return NoRoom(entry.worker, refused[1], refused[2])
         return workers
     if entry is None:
         return _roomy(full, now, workers, route, group)
     return workers
 
 
-def _roomy(full: Full, now: float, workers: Sequence[W], route: AppRoute, group: str) -> Sequence[W] | Room:
-    """The workers a user may be placed on: those with room; a ``Room`` for the group when none has."""
+def _roomy(full: Full, now: float, workers: Sequence[W], route: AppRoute, group: str) -> Sequence[W] | NoRoom:
+    """The workers a user may be placed on: those with room; a ``NoRoom`` for the group when none has."""
     roomy = [w for w in workers if (refused := full.get(w.worker_id)) is None or refused[0] <= now]  # (has_room)
     if roomy:
         return roomy if len(roomy) != len(workers) else workers
     refusals = [full[w.worker_id] for w in workers]
-    return Room(f"{route.tenant}/{route.app}/{group}", min(r[1] for r in refusals), max(r[2] for r in refusals))
+    return NoRoom(f"{route.tenant}/{route.app}/{group}", min(r[1] for r in refusals), max(r[2] for r in refusals))
 
 
 def has_room(full: Full, worker: str, now: float) -> bool:

@@ -8,7 +8,7 @@ Three reasons park a request (``dispatch.decide`` says which):
   tick is only the guard behind it.
 - ``WAKE``: its group is at zero workers and one is starting; key: "tenant/app/group". The worker's coming up
   releases them; a start that fails, or takes longer than ``request_timeout``, has them answered 503.
-- ``ROOM``: every worker it may go to says it is full (a capacity reading, seed 001); key: the full worker's id (a
+- ``FULL``: every worker it may go to says it is full (a capacity reading, seed 001); key: the full worker's id (a
   sticky user's) or "tenant/app/group" (a new user's). A reading that no longer refuses releases them; each
   request that waited its reading's ``wait`` is answered 503 with the longest Retry-After said for the key.
 
@@ -31,7 +31,7 @@ C = TypeVar("C")  # the client connection a request came on (the shell's)
 class Parked(StrEnum):
     MOVE = "move"
     WAKE = "wake"
-    ROOM = "room"
+    FULL = "full"
 
 
 class _Spot(Generic[C]):
@@ -40,8 +40,8 @@ class _Spot(Generic[C]):
     def __init__(self) -> None:
         self.requests: list[tuple[C, Exchange]] = []
         self.times: list[float] = []  # when each came, oldest first
-        self.retry_after = 0  # the longest Retry-After said for the key (ROOM)
-        self.wait = 0.0  # the latest patience said for the key (ROOM: its reading's)
+        self.retry_after = 0  # the longest Retry-After said for the key (FULL)
+        self.wait = 0.0  # the latest patience said for the key (FULL: its reading's)
 
 
 class ParkingLot(Generic[C]):

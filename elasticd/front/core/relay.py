@@ -7,7 +7,7 @@ and the client connection and the worker's are closed), never as a silent "alrea
 something comes too late for its exchange (a connection made after the client left) is asked of the phase
 (``upstream_lost`` answers LATE; the shell's connect callback reads ``phase``), never stepped.
 
-       HELD ◄── HOLD ──┐ (its user is being moved: it waits in the front, unforwarded)
+     PARKED ◄── PARK ──┐ (it waits in the front, unforwarded: its user moving, its group waking, no room)
          └── RELEASE ──►│     REFUSE
         QUEUED ───────────────────────────────────────────────┐
           │ FORWARD (routed, admitted, placed: open in the counters)
@@ -32,10 +32,11 @@ from typing import Final
 # static it never defines), hence also the lookups by name below.
 
 __all__ = ["CLOSEMODE_CLOSE", "CLOSEMODE_KEEP", "CLOSEMODE_LINGER", "EVENTS", "EVENT_ANSWER_END", "EVENT_ANSWER_HEAD",
-           "EVENT_ATTACH", "EVENT_CLIENT_LEFT", "EVENT_CUT", "EVENT_FAIL", "EVENT_FORWARD", "EVENT_HOLD",
+           "EVENT_ATTACH", "EVENT_CLIENT_LEFT", "EVENT_CUT", "EVENT_FAIL", "EVENT_FORWARD", "EVENT_PARK",
            "EVENT_REFUSE", "EVENT_RELEASE", "EVENT_RETRY", "EVENT_UPGRADE", "FAILURE_BAD_GATEWAY", "FAILURE_CUT",
            "FAILURE_LATE", "FAILURE_RETRY", "IDEMPOTENT", "NEXT", "PHASES", "PHASE_ANSWERING", "PHASE_DONE",
-           "PHASE_FORWARDING", "PHASE_HELD", "PHASE_QUEUED", "TIMEOUT_CLOSE", "TIMEOUT_CUT", "TIMEOUT_GATEWAY_TIMEOUT",
+           "PHASE_FORWARDING", "PHASE_PARKED", "PHASE_QUEUED", "TIMEOUT_CLOSE", "TIMEOUT_CUT",
+           "TIMEOUT_GATEWAY_TIMEOUT",
            "TRANSITIONS", "CloseMode", "Event", "Failure", "Phase", "RelayError", "Timeout", "after_own_answer",
            "client_left", "illegal", "step", "timed_out", "upstream_lost"]
 
@@ -45,14 +46,14 @@ class Phase(enum.IntEnum):
     FORWARDING = 1  # open in the counters, bound for one worker; its answer has not begun
     ANSWERING = 2  # the worker's answer head went to the client; its body is streaming
     DONE = 3  # answered (by the worker or by the front), its counters entry closed
-    HELD = 4  # its user is being moved (a live move): it waits in the front until the move ends, then QUEUED
+    PARKED = 4  # it waits in the front (core/parking.py: a move, a cold start, room) until released, then QUEUED
 
 
 PHASE_QUEUED: Final[Phase] = Phase["QUEUED"]
 PHASE_FORWARDING: Final[Phase] = Phase["FORWARDING"]
 PHASE_ANSWERING: Final[Phase] = Phase["ANSWERING"]
 PHASE_DONE: Final[Phase] = Phase["DONE"]
-PHASE_HELD: Final[Phase] = Phase["HELD"]
+PHASE_PARKED: Final[Phase] = Phase["PARKED"]
 
 
 class Event(enum.IntEnum):
@@ -66,7 +67,7 @@ class Event(enum.IntEnum):
     FAIL = 7  # forwarded but not answered: the front answers (502, 504)
     CUT = 8  # the answer began and cannot complete: the client connection is cut
     CLIENT_LEFT = 9
-    HOLD = 10  # dispatch found its user being moved
+    PARK = 10  # dispatch said wait: its user is being moved, its group is waking, or no worker has room
     RELEASE = 11  # the move ended: dispatched again (to the user's worker now)
 
 
@@ -80,7 +81,7 @@ EVENT_UPGRADE: Final[Event] = Event["UPGRADE"]
 EVENT_FAIL: Final[Event] = Event["FAIL"]
 EVENT_CUT: Final[Event] = Event["CUT"]
 EVENT_CLIENT_LEFT: Final[Event] = Event["CLIENT_LEFT"]
-EVENT_HOLD: Final[Event] = Event["HOLD"]
+EVENT_PARK: Final[Event] = Event["PARK"]
 EVENT_RELEASE: Final[Event] = Event["RELEASE"]
 
 
@@ -91,8 +92,8 @@ class RelayError(Exception):
 TRANSITIONS: Final[dict[tuple[Phase, Event], Phase]] = {
     (PHASE_QUEUED, EVENT_REFUSE): PHASE_DONE,
     (PHASE_QUEUED, EVENT_FORWARD): PHASE_FORWARDING,
-    (PHASE_QUEUED, EVENT_HOLD): PHASE_HELD,
-    (PHASE_HELD, EVENT_RELEASE): PHASE_QUEUED,
+    (PHASE_QUEUED, EVENT_PARK): PHASE_PARKED,
+    (PHASE_PARKED, EVENT_RELEASE): PHASE_QUEUED,
     (PHASE_FORWARDING, EVENT_ATTACH): PHASE_FORWARDING,
     (PHASE_FORWARDING, EVENT_RETRY): PHASE_FORWARDING,
     # (a 101 too: its head goes to the client, then UPGRADE ends the exchange)
@@ -157,7 +158,7 @@ def upstream_lost(phase: Phase, *, reused: bool, received: bool, retried: bool, 
     """The worker's connection ended before the answer did. Retry once only when nothing can have happened
     twice: a kept-alive connection the worker closed while idle (nothing received), an idempotent method, no
     body, no upgrade, not retried already (RFC 9110 §9.2.2)."""
-    if phase in (PHASE_DONE, PHASE_QUEUED, PHASE_HELD):
+    if phase in (PHASE_DONE, PHASE_QUEUED, PHASE_PARKED):
         return FAILURE_LATE
     if phase == PHASE_ANSWERING:
         return FAILURE_CUT
