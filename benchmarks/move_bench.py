@@ -1,12 +1,12 @@
 """Live moves on loopback: the time from FLAG to SWITCH for an idle user with a package of a given size, and the
-latency a request gains when it is held by a move.
+latency a request gains when it is parked by a move.
 
     .venv/bin/python benchmarks/move_bench.py [--moves 40] [--pad-kb 100]
 
 Two demo workers (``python -m elasticd.demo``, with the worker library on a real channel), a real front and the
 Mover, all in this process but the workers. The user's ``/counter`` state is padded to ``--pad-kb`` KiB, then
 moved back and forth ``--moves`` times while idle; each move's FLAG → SWITCH time is what the journal records.
-Then, ``--moves`` times again, one request is sent just after the flag (so it is held) and its latency compared
+Then, ``--moves`` times again, one request is sent just after the flag (so it is parked) and its latency compared
 with the same request unheld. Goal (issue 13): a 100 KB package moves in under 50 ms. Every process it starts is
 stopped by its pid.
 """
@@ -30,8 +30,8 @@ sys.path.insert(0, str(REPO))
 
 from elasticd.config.model import Address  # noqa: E402
 from elasticd.front import AppRoute, Front, RouteTable, Upstream  # noqa: E402
-from elasticd.pool.channel import ChannelServer  # noqa: E402
-from elasticd.pool.move import Move, Outcome  # noqa: E402
+from elasticd.pool.channel_server import ChannelServer  # noqa: E402
+from elasticd.pool.move_machine import Move, Outcome  # noqa: E402
 from elasticd.pool.mover import Mover  # noqa: E402
 
 USER = "0123456789abcdef0123456789abcdef"
@@ -116,7 +116,7 @@ async def main_async(args: argparse.Namespace, where: Path) -> None:
               f"{statistics.median(ms):.1f} ms, p90 {sorted(ms)[int(len(ms) * 0.9) - 1]:.1f} ms, "
               f"max {max(ms):.1f} ms (goal < 50 ms)")
         held_ms, plain_ms = statistics.median(held) * 1000, statistics.median(plain) * 1000
-        print(f"a request held by a move: median {held_ms:.1f} ms against {plain_ms:.1f} ms unheld "
+        print(f"a request parked by a move: median {held_ms:.1f} ms against {plain_ms:.1f} ms unheld "
               f"(+{held_ms - plain_ms:.1f} ms)")
     finally:
         for proc in procs.values():

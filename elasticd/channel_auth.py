@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hmac
 
-from elasticd.pool.sensing import in_process_tree
+from elasticd.pool.proc_sensor import in_process_tree
 from elasticd.supervisor.supervisor import Supervisor
 
 __all__ = ["ChannelAuth"]

@@ -20,7 +20,7 @@ from elasticd.front import Front
 from elasticd.limits.runtime import LimitsReply, RuntimeLimits
 from elasticd.monitor.census import ask_all
 from elasticd.monitor.population import fuse, population_counts
-from elasticd.pool.channel import ChannelServer
+from elasticd.pool.channel_server import ChannelServer
 from elasticd.pool.manager import PoolManager
 from elasticd.probes.wiring import CapacityWiring
 from elasticd.supervisor.sandbox import sandbox_for

@@ -44,8 +44,8 @@ from elasticd.metrics import MetricsServer
 from elasticd.monitor.auth import read_credentials
 from elasticd.monitor.page import MonitorPage
 from elasticd.pool.budget import CPU_SAMPLES, UNLIMITED, Budget, budget_of, enforced
-from elasticd.pool.channel import ChannelServer
 from elasticd.pool.channel_metrics import ChannelCollector
+from elasticd.pool.channel_server import ChannelServer
 from elasticd.pool.evaluator import SMOOTHING_ROWS
 from elasticd.pool.manager import PoolManager
 from elasticd.pool.mover import Mover
@@ -56,7 +56,7 @@ from elasticd.probes.wiring import CapacityWiring
 from elasticd.supervisor.lifecycle import GONE, WILL_SERVE, WorkerState
 from elasticd.supervisor.spawn import channel_path
 from elasticd.supervisor.supervisor import Supervisor
-from elasticd.supervisor.worker import Worker
+from elasticd.supervisor.worker_process import Worker
 from elasticd.systemd import Notifier, setup_logging
 from elasticd.upstream_lists import UpstreamLists
 from elasticd.worker_ids import parse_worker_id

@@ -1,4 +1,4 @@
-"""The channel's framing, both sides (elasticd's ``pool/channel.py`` and the worker library's
+"""The channel's framing, both sides (elasticd's ``pool/channel_server.py`` and the worker library's
 ``worker/channel.py``): newline-delimited JSON objects, one per line; a message that carries bytes (a live
 move's package) says how many with ``"bytes": N``, and those N raw bytes follow its line. Pure: bytes in,
 messages out.

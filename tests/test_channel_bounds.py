@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
-from test_pool_channel import Registry, serve_channel
+from test_pool_channel_server import Registry, serve_channel
 
 from elasticd.frames import MAX_LINE
-from elasticd.pool.channel import REASONS, ChannelError
+from elasticd.pool.channel_server import REASONS, ChannelError
 from elasticd.pool.pacing import (
     ACCEPT_BURST,
     ACCEPT_RATE,

@@ -13,7 +13,7 @@ import time
 import aiohttp
 import pytest
 from aiohttp import web
-from test_pool_channel import Registry, serve_channel
+from test_pool_channel_server import Registry, serve_channel
 
 from elasticd.config.model import MonitorAuth
 from elasticd.frames import encode

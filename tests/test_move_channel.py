@@ -9,10 +9,10 @@ import os
 import pickle
 
 import pytest
-from test_pool_channel import Registry, serve_channel
+from test_pool_channel_server import Registry, serve_channel
 
 from elasticd.frames import MAX_LINE, MAX_PAYLOAD, FrameError, FrameReader, encode
-from elasticd.pool.channel import ChannelError, ChannelServer
+from elasticd.pool.channel_server import ChannelError, ChannelServer
 from elasticd.worker.channel import ChannelClient
 from elasticd.worker.moves import MoveHandler
 from elasticd.worker.user_state import UserStates

@@ -17,12 +17,12 @@ import aiohttp
 import pytest
 from test_demo import DemoWorker
 from test_front import front
-from test_pool_channel import Registry, serve_channel
+from test_pool_channel_server import Registry, serve_channel
 
 from elasticd.frames import encode
 from elasticd.front import Front, Upstream
-from elasticd.pool.channel import ChannelServer
-from elasticd.pool.move import Move, MoveSummary, Outcome
+from elasticd.pool.channel_server import ChannelServer
+from elasticd.pool.move_machine import Move, MoveSummary, Outcome
 from elasticd.pool.mover import Mover
 
 USER = "0123456789abcdef0123456789abcdef"

@@ -38,3 +38,32 @@ def test_the_readme_shows_the_two_commands_and_a_first_request_early():
 def test_the_link_finder_sees_what_a_renderer_would():
     text = "see [x](docs/a.md), ![p](docs/b.png \"t\"), [web](https://e.org/x), [here](#top), [up](../shared/VM.md)"
     assert _local_links(text) == ["docs/a.md", "docs/b.png", "../shared/VM.md"]
+
+
+def test_the_module_map_names_every_module():
+    """docs/DEVELOPMENT.md's module map: a newcomer finds every module there, under its package."""
+    entries = _map_entries((ROOT / "docs" / "DEVELOPMENT.md").read_text())
+    missing = []
+    for path in sorted((ROOT / "elasticd").rglob("*.py")):
+        package = path.parent.relative_to(ROOT / "elasticd").as_posix()
+        if path.name == "__init__.py" and package != "worker":  # (the library's names live in its __init__)
+            continue
+        if path.name not in (entries if package == "." else entries.get(f"{package}/", "")):
+            missing.append(path.relative_to(ROOT).as_posix())
+    assert missing == []
+
+
+def _map_entries(text: str) -> dict[str, str]:
+    """The module map's entries: an entry starts at a line indented by two spaces with its name; its lines indented
+    deeper follow it."""
+    entries: dict[str, str] = {}
+    name = None
+    for line in text.splitlines():
+        if line.startswith("  ") and not line.startswith("   ") and line.strip():
+            name, _, rest = line.strip().partition(" ")
+            entries[name] = rest
+        elif name is not None and line.startswith("   "):
+            entries[name] += " " + line.strip()
+        else:
+            name = None
+    return entries

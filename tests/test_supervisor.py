@@ -15,7 +15,7 @@ from elasticd.supervisor.backoff import RestartPolicy
 from elasticd.supervisor.plan import Desired, Running, plan
 from elasticd.supervisor.spawn import TRAMPOLINE, UMASK, WorkerSpec, spawn_argv, spec_for, worker_env
 from elasticd.supervisor.supervisor import Supervisor
-from elasticd.supervisor.worker import Worker
+from elasticd.supervisor.worker_process import Worker
 
 # ---------------------------------------------------------------------- backoff (pure, a table)
 

@@ -29,7 +29,7 @@ from elasticd.supervisor.output import (
     OutputBound,
 )
 from elasticd.supervisor.spawn import TRAMPOLINE, UMASK, JournalStream, WorkerSpec, spawn_argv
-from elasticd.supervisor.worker import Worker, journal_for_workers
+from elasticd.supervisor.worker_process import Worker, journal_for_workers
 
 # ---------------------------------------------------------------------- the rate decision (pure, a table)
 

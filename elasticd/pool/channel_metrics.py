@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from elasticd.pool.channel import ChannelServer
+from elasticd.pool.channel_server import ChannelServer
 
 __all__ = ["ChannelCollector"]
 

@@ -24,7 +24,7 @@ from elasticd.pool.evaluator import Row, Window, occupancy
 from elasticd.pool.idle import ColdStarts
 from elasticd.pool.journal import Journal
 from elasticd.pool.policy import PoolDecision
-from elasticd.pool.sensing import TreeSensor
+from elasticd.pool.proc_sensor import TreeSensor
 
 __all__ = ["Book", "Changes", "Flight", "GroupRecord", "GroupSettings", "WorkerReadings"]
 

@@ -29,18 +29,18 @@ from typing import Any
 from elasticd.background import Background
 from elasticd.config.model import Config, Server
 from elasticd.pool.budget import UNLIMITED, Budget, limit_bindings
-from elasticd.pool.evacuate import Evacuation, PoolMover
+from elasticd.pool.emptying import Evacuation, PoolMover
 from elasticd.pool.evaluator import SMOOTHING_ROWS, ForwardSnapshot, Row
 from elasticd.pool.group_record import Changes, GroupRecord, GroupSettings
 from elasticd.pool.idle import ColdStarts, WakeVerdict, wake_rule
 from elasticd.pool.ledger import compaction_steps, may_compact, plan_compaction
-from elasticd.pool.move import Move, MoveSummary, Outcome
+from elasticd.pool.move_machine import Move, MoveSummary, Outcome
 from elasticd.pool.policy import PoolDecision, WorkerView, check_scale_up, next_hold, place_login
 from elasticd.pool.pool_view import describe_group, describe_moves
 from elasticd.pool.ports import GroupKey, PoolForwards, PoolSupervisor, PoolSurface, PoolWorker
+from elasticd.pool.proc_sensor import tree_cpu
 from elasticd.pool.report import Report
 from elasticd.pool.retirement import Retirement
-from elasticd.pool.sensing import tree_cpu
 from elasticd.pool.tick import SensingTick
 from elasticd.supervisor.lifecycle import COUNTED
 from elasticd.worker_ids import parse_worker_id

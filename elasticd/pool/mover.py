@@ -1,4 +1,4 @@
-"""The shell that carries out live moves (pool/move.py decides each step): it flags the user on the front's
+"""The shell that carries out live moves (pool/move_machine.py decides each step): it flags the user on the front's
 surface, waits for the quiesce, asks the source for the package and the target to install it over the
 channel, and re-points the user and releases its held requests — or, when anything fails, leaves the user
 where it was and releases them there.
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from elasticd.frames import MAX_PAYLOAD
-from elasticd.pool.move import (
+from elasticd.pool.move_machine import (
     ASK_SNAPSHOT,
     RELEASE,
     REPLACE,

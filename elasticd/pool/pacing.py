@@ -1,6 +1,6 @@
 """How much of a worker's channel elasticd reads, and when it stops reading: the channel's bounds (issue 27).
 
-Pure: time is passed in. The channel's shell (``pool/channel.py``) asks, per line a peer sends, what to do with
+Pure: time is passed in. The channel's shell (``pool/channel_server.py``) asks, per line a peer sends, what to do with
 it; the answers are allowances (token buckets), kept per worker and not per connection, so a worker that
 reconnects gets no fresh allowance.
 

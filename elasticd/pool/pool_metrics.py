@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 from elasticd.histogram import cumulative_buckets
 from elasticd.pool.idle import COLD_BOUNDS, ColdStarts
 from elasticd.pool.manager import LIMITED_RESOURCES, PoolManager
-from elasticd.pool.move import DURATION_BOUNDS, MoveStats, Outcome
+from elasticd.pool.move_machine import DURATION_BOUNDS, MoveStats, Outcome
 
 __all__ = ["PoolCollector"]
 

@@ -11,7 +11,7 @@ from typing import Any
 from elasticd.pool.evaluator import components_of, history_of, rates_of
 from elasticd.pool.group_record import GroupRecord
 from elasticd.pool.ledger import ledger
-from elasticd.pool.move import Move
+from elasticd.pool.move_machine import Move
 from elasticd.pool.ports import PoolWorker
 from elasticd.pool.report import Report
 

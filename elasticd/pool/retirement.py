@@ -22,7 +22,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from elasticd.pool.drain import drain_verdict, refused_while_stopping, replacement_for_drain
-from elasticd.pool.evacuate import Evacuation, PoolMover, evacuate
+from elasticd.pool.emptying import Evacuation, PoolMover, evacuate
 from elasticd.pool.group_record import GroupRecord
 from elasticd.pool.ledger import CompactionSteps, plan_evacuation
 from elasticd.pool.policy import PoolDecision, WorkerView

@@ -19,9 +19,9 @@ from elasticd.pool.idle import idle_stop
 from elasticd.pool.liveness import Progress, observe, reporting, verdict
 from elasticd.pool.policy import PoolDecision
 from elasticd.pool.ports import GroupKey, PoolForwards, PoolSupervisor, PoolSurface, PoolWorker
+from elasticd.pool.proc_sensor import TreeSensor
 from elasticd.pool.report import Report
 from elasticd.pool.retirement import Retirement
-from elasticd.pool.sensing import TreeSensor
 
 __all__ = ["SensingTick"]
 

@@ -3,7 +3,7 @@ about, each named once (pure).
 
 h11's rule (``h11/_state.py``), as the front's relay has it: one owner of the states, the legal transitions written
 out, an illegal one fails closed (``IllegalTransition``) rather than leave a worker in a state nobody planned for.
-``Worker`` (worker.py) is the only writer; everyone else reads ``worker.state`` against the sets below, never
+``Worker`` (worker_process.py) is the only writer; everyone else reads ``worker.state`` against the sets below, never
 against a string.
 
     new ──► starting ──► running ──► exited ──► backoff ──► starting …

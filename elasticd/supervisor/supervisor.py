@@ -28,7 +28,7 @@ from elasticd.supervisor.lifecycle import COUNTED, WILL_SERVE, WorkerState
 from elasticd.supervisor.plan import Desired, GroupKey, Plan, Running, plan
 from elasticd.supervisor.sandbox import inaccessible_path, sandbox_for, tmp_dirs
 from elasticd.supervisor.spawn import WorkerSpec, socket_dir, spec_for
-from elasticd.supervisor.worker import Worker, journal_for_workers
+from elasticd.supervisor.worker_process import Worker, journal_for_workers
 from elasticd.worker_ids import format_worker_id
 
 __all__ = ["ApplyResult", "Supervisor"]

@@ -3,7 +3,7 @@ order they came, until their reason is over or their patience runs out. No I/O; 
 
 Three reasons park a request (``dispatch.decide`` says which):
 
-- ``MOVE``: its user is being moved (a live move, pool/move.py); key: the user. The move's end releases them, to
+- ``MOVE``: its user is being moved (a live move, pool/move_machine.py); key: the user. The move's end releases them, to
   wherever the user is then; the move's own deadline (``server.move_timeout``) should come first, and the front's
   tick is only the guard behind it.
 - ``WAKE``: its group is at zero workers and one is starting; key: "tenant/app/group". The worker's coming up

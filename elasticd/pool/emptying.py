@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from elasticd.pool.move import Move, Outcome
+from elasticd.pool.move_machine import Move, Outcome
 
 __all__ = ["Evacuation", "PoolMover", "evacuate"]
 

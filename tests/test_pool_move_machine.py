@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from elasticd.pool.move import (
+from elasticd.pool.move_machine import (
     ASK_SNAPSHOT,
     RELEASE,
     REPLACE,

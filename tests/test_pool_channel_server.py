@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from elasticd.pool.channel import MAX_LINE, ChannelServer
+from elasticd.pool.channel_server import MAX_LINE, ChannelServer
+from elasticd.pool.proc_sensor import TreeSensor, in_process_tree
 from elasticd.pool.report import Report
-from elasticd.pool.sensing import TreeSensor, in_process_tree
 from elasticd.worker.channel import ChannelClient
 from elasticd.worker.sensor import Sensor
 

@@ -10,9 +10,9 @@ import pytest
 from test_pool_manager import User, idle, manager
 
 from elasticd.config.model import PoolSettings
-from elasticd.pool.evacuate import evacuate
+from elasticd.pool.emptying import evacuate
 from elasticd.pool.ledger import plan_evacuation
-from elasticd.pool.move import Move, MoveStats, MoveSummary, Outcome
+from elasticd.pool.move_machine import Move, MoveStats, MoveSummary, Outcome
 from elasticd.pool.policy import WorkerView
 
 W1, W2, W3 = "acme.shop.green.1", "acme.shop.green.2", "acme.shop.green.3"
