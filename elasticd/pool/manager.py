@@ -7,8 +7,9 @@ Three events act, and never a timer of its own for placement or compaction (seed
   group's readings, then the scale-up check, then the capacity ledger (``ledger``), which may compact;
 - a request for a group with no routable worker → the cold-start rule (``idle.wake_rule``).
 
-The sensing tick (``tick.py``) builds reports, and asks the liveness and idle rules. Taking workers out —
-compaction, the idle retire, an operator's drain — is ``retirement.py``'s; the JSON view is ``pool_view.py``'s;
+Each event's gather → decide → act is a module of its own: the scale-up check and the ledger ``scaling.py``, the
+cold start ``waking.py``, taking workers out (compaction, the idle retire, an operator's drain) ``retirement.py``,
+the sensing tick (sensed reports, the liveness and idle rules) ``tick.py``; the JSON view is ``pool_view.py``'s;
 each group's state is one ``GroupRecord``. The deciding modules are pure and tested as tables: ``policy``
 (placement, admission, scale-up), ``cap`` (max_workers), ``ledger``, ``idle``, ``drain``, ``liveness``, ``budget``.
 
@@ -20,7 +21,6 @@ scale-up that the tenant's cpu.max, memory.max or pids.max would leave with noth
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
@@ -28,21 +28,21 @@ from typing import Any
 
 from elasticd.background import Background
 from elasticd.config.model import Config, Server
-from elasticd.pool.budget import UNLIMITED, Budget, limit_bindings
+from elasticd.pool.budget import UNLIMITED, Budget
 from elasticd.pool.emptying import Evacuation, PoolMover
-from elasticd.pool.evaluator import SMOOTHING_ROWS, ForwardSnapshot, Row
+from elasticd.pool.evaluator import ForwardSnapshot, Row
 from elasticd.pool.group_record import Changes, GroupRecord, GroupSettings
-from elasticd.pool.idle import ColdStarts, WakeVerdict, wake_rule
-from elasticd.pool.ledger import compaction_steps, may_compact, plan_compaction
+from elasticd.pool.idle import ColdStarts
 from elasticd.pool.move_machine import Move, MoveSummary, Outcome
-from elasticd.pool.policy import PoolDecision, WorkerView, check_scale_up, next_hold, place_login
+from elasticd.pool.policy import PoolDecision, WorkerView, place_login
 from elasticd.pool.pool_view import describe_group, describe_moves
 from elasticd.pool.ports import GroupKey, PoolForwards, PoolSupervisor, PoolSurface, PoolWorker
 from elasticd.pool.proc_sensor import tree_cpu
 from elasticd.pool.report import Report
 from elasticd.pool.retirement import Retirement
+from elasticd.pool.scaling import Scaling
 from elasticd.pool.tick import SensingTick
-from elasticd.supervisor.lifecycle import COUNTED
+from elasticd.pool.waking import Waking
 from elasticd.worker_ids import parse_worker_id
 
 __all__ = ["LIMITED_RESOURCES", "PoolManager"]
@@ -50,12 +50,11 @@ __all__ = ["LIMITED_RESOURCES", "PoolManager"]
 log = logging.getLogger("elasticd.pool")
 
 LIMITED_RESOURCES = ("cpu", "memory", "pids")  # what can hold a scale-up (elasticd_group_limit_bound)
-MEASURED_ROWS = SMOOTHING_ROWS // 2  # readings before a worker's occupancy may ask for a scale-up
 
 
 class PoolManager:
-    __slots__ = ("_budget", "_changes", "_clock", "_forwards", "_groups", "_retirement", "_supervisor", "_surface",
-                 "_tasks", "_tick", "_tunnels", "_wall", "on_wake_failed")
+    __slots__ = ("_budget", "_changes", "_clock", "_forwards", "_groups", "_retirement", "_scaling", "_supervisor",
+                 "_surface", "_tasks", "_tick", "_waking", "_wall")
 
     def __init__(self, supervisor: PoolSupervisor, surface: PoolSurface, forwards: PoolForwards, *,
                  interval: float, hung_after: float | None = None,
@@ -73,7 +72,7 @@ class PoolManager:
         self._groups: dict[GroupKey, GroupRecord] = {}
         self._changes = Changes()
         self._tasks = Background(log, "pool: a retire or replacement")
-        self._tunnels = open_tunnels = tunnels or dict
+        open_tunnels = tunnels or dict
         self._retirement = Retirement(supervisor, surface, forwards, tunnels=open_tunnels,
                                       user_tunnels=user_tunnels or (lambda user: 0), views=self._views,
                                       spawn=self._spawn, after_retire=self._after_retire, clock=clock,
@@ -82,9 +81,9 @@ class PoolManager:
                                  report=self._sensed, retirement=self._retirement,
                                  spawn=lambda coroutine: self._spawn(coroutine, None), interval=interval,
                                  hung_after=hung_after if hung_after is not None else Server().hung_after)
-        # Told when a cold start owed to waiting requests cannot begin after all (the daemon: the front answers
-        # them 503 at once rather than at their request timeout).
-        self.on_wake_failed: Callable[[GroupKey, str], object] | None = None
+        self._scaling = Scaling(supervisor, self._retirement, budget=self._budget, tunnels=open_tunnels,
+                                tenant_counted=self._tenant_counted)
+        self._waking = Waking(supervisor, clock)
 
     # ------------------------------------------------------------------ settings (reloadable)
 
@@ -100,6 +99,16 @@ class PoolManager:
     @property
     def hung_after(self) -> float:
         return self._tick.hung_after
+
+    @property
+    def on_wake_failed(self) -> Callable[[GroupKey, str], object] | None:
+        return self._waking.on_wake_failed
+
+    @on_wake_failed.setter
+    def on_wake_failed(self, told: Callable[[GroupKey, str], object] | None) -> None:
+        """Told when a cold start owed to waiting requests cannot begin after all (the daemon: the front answers
+        them 503 at once rather than at their request timeout)."""
+        self._waking.on_wake_failed = told
 
     @property
     def mover(self) -> PoolMover | None:
@@ -211,7 +220,7 @@ class PoolManager:
             record.book.record(decision)
             if decision.kind == "fallback":
                 log.warning("pool %s: %s", "/".join(key), decision.reason)
-        self._check_scale_up(key, record, views)
+        self._scaling.check_scale_up(key, record, views)
         if not decisions or decisions[-1].kind == "keep":
             return None  # keeping is the null action: nobody is re-pointed
         return decisions[-1].worker
@@ -219,61 +228,24 @@ class PoolManager:
     # ------------------------------------------------------------------ event: a request for a group at zero
 
     def wake(self, key: GroupKey) -> bool:
-        """The front has a request for a group with no routable worker: True when a worker is coming for it (a
-        cold start begins now, or once the workers being retired have stopped), so the request waits; False when
-        none will (see ``idle.WakeVerdict``): the request is answered 503."""
+        """The front has a request for a group with no routable worker: True when a worker is coming for it, so the
+        request waits; False when none will: it is answered 503 (``waking.py``)."""
         record = self._groups.get(key)
-        if record is None:
-            return False
-        now = self._clock()
-        record.book.last_active = now  # a request came for it: not idle (it may be going to zero just now)
-        draining = record.flight.draining
-        verdict = wake_rule([(w.state, w.routable, w.id in draining) for w in self._supervisor.workers_of(key)],
-                            launching=self._supervisor.launching(key), counted=self._supervisor.counted(key),
-                            max_workers=record.pool.max_workers)
-        if verdict is WakeVerdict.AFTER_RETIRE:
-            record.flight.owed = True
-        elif verdict is WakeVerdict.START:
-            return self._cold_start(key, record, now)
-        return verdict.waits
+        return record is not None and self._waking.wake(key, record)
 
     def owes_start(self, key: GroupKey) -> bool:
         """Whether a cold start is owed to requests waiting for the group (they keep waiting for it)."""
         record = self._groups.get(key)
         return record is not None and record.flight.owed
 
-    def _cold_start(self, key: GroupKey, record: GroupRecord, now: float) -> bool:
-        worker = self._supervisor.add_worker(key)
-        if worker is None:
-            return False  # stopping, or the group is going
-        record.flight.spawning.add(worker.id)
-        record.flight.cold[worker.id] = now
-        record.book.record(PoolDecision("scale-up", worker.id, "cold start: a request for a group at zero workers "
-                                        "(it waits in the front for this one)", {"workers": 0}))
-        log.info("pool %s: cold start of %s for a waiting request", "/".join(key), worker.id)
-        return True
-
     def _after_retire(self, key: GroupKey, record: GroupRecord) -> None:
-        """A retire ended: a cold start owed to waiting requests may begin now that the cap has room."""
-        if not record.flight.owed or self._groups.get(key) is not record:
-            return
-        record.flight.owed = False
-        if not self.wake(key) and self.on_wake_failed is not None:
-            self.on_wake_failed(key, "no worker could start for it after its last ones retired")
+        if self._groups.get(key) is record:  # (not a group a reload removed meanwhile)
+            self._waking.after_retire(key, record)
 
     def on_routable(self, worker_id: str) -> float | None:
         """A worker became routable; the seconds its cold start took, when it was one."""
         found = self._find(worker_id)
-        if found is None:
-            return None
-        key, record = found
-        started = record.flight.cold.pop(worker_id, None)
-        if started is None:
-            return None
-        seconds = self._clock() - started
-        record.book.cold_starts.observe(seconds)
-        log.info("pool %s: %s routable %.2fs after its cold start", "/".join(key), worker_id, seconds)
-        return seconds
+        return self._waking.on_routable(found[0], found[1], worker_id) if found is not None else None
 
     # ------------------------------------------------------------------ event: a report, or a capacity reading
 
@@ -300,8 +272,8 @@ class PoolManager:
         readings.archive(worker_id, Row(now, report, ForwardSnapshot(counters.requests, counters.errors,
                                                                      counters.seconds)), record.pool.memory_limit)
         views = self._views(key, record)
-        self._check_scale_up(key, record, views, budget)
-        self._check_ledger(key, record, views)
+        self._scaling.check_scale_up(key, record, views, budget)
+        self._scaling.check_ledger(key, record, views)
 
     def on_capacity(self, worker_id: str, key: GroupKey, ratio: float | None) -> None:
         """A worker's capacity reading changed (None: it has none now). A reading at its limit is checked for a
@@ -316,81 +288,20 @@ class PoolManager:
         else:
             capacity[worker_id] = ratio
         if ratio is not None and ratio >= 1.0 and before != ratio:
-            self._check_scale_up(key, record, self._views(key, record))
+            self._scaling.check_scale_up(key, record, self._views(key, record))
 
     def forget_worker(self, worker_id: str) -> None:
         self._tick.forget(worker_id)
         for record in self._groups.values():
             record.forget(worker_id)
 
+    def _tenant_counted(self, tenant: str) -> int:
+        return sum(self._supervisor.counted(key) for key in self._groups if key[0] == tenant)
+
     def _find(self, worker_id: str) -> tuple[GroupKey, GroupRecord] | None:
         key = _key_of(worker_id)
         record = self._groups.get(key) if key else None
         return (key, record) if key and record else None
-
-    # ------------------------------------------------------------------ scale-up and compaction
-
-    def _check_scale_up(self, key: GroupKey, record: GroupRecord, views: Sequence[WorkerView],
-                        budget: Budget | None = None) -> None:
-        # gather
-        flight, readings, book = record.flight, record.readings, record.book
-        workers = {w.id: w for w in self._supervisor.workers_of(key)}
-        flight.spawning = {wid for wid in flight.spawning if wid in workers and not workers[wid].routable
-                           and workers[wid].state in COUNTED}
-        # Routable but not yet measured (fewer than MEASURED_ROWS readings) is still a spawn in flight: its first
-        # readings are its own start-up (imports, warm-up), and one spike must not grow the group.
-        unmeasured = sum(1 for view in views if readings.rows(view.id) < MEASURED_ROWS)
-        if budget is None:
-            budget = self._budget(key[0], key[1])
-        # What one more worker would add, only where a limit can be passed (this runs at every report and login).
-        rss = readings.mean_rss([view.id for view in views]) if budget.memory_max is not None else None
-        binding = limit_bindings(budget, record.pool, worker_rss=rss,
-                                 worker_pids=self._pids_per_worker(key[0], budget) if budget.pids_max else None)
-        # decide
-        decision = check_scale_up(views, record.pool, spawning=len(flight.spawning) + unmeasured,
-                                  counted=self._supervisor.counted(key), holds=binding, measuring=budget.pending)
-        bound, new = next_hold(book.bound, binding, decision, measuring=budget.pending)
-        if book.bound and not bound:
-            log.info("pool %s: no longer held by the tenant's %s limit", "/".join(key), ", ".join(sorted(book.bound)))
-        book.bound = bound
-        # act
-        if decision is None:
-            return
-        if decision.kind == "held":
-            if new:  # a new hold (or another limit): one journal entry, one log line
-                book.hold = decision
-                book.record(decision)
-                log.warning("pool %s: scale-up held: %s", "/".join(key), decision.reason)
-            return
-        worker = self._supervisor.add_worker(key)
-        if worker is None:
-            return  # stopping, or the group is going: nothing to grow
-        flight.spawning.add(worker.id)
-        book.record(PoolDecision(decision.kind, worker.id, decision.reason,
-                                 {**decision.numbers, "budget": budget.numbers()}))
-        log.info("pool %s: scale-up to %d workers (%s)", "/".join(key), self._supervisor.counted(key), decision.reason)
-
-    def _pids_per_worker(self, tenant: str, budget: Budget) -> float | None:
-        if budget.reading is None or budget.reading.pids is None:
-            return None
-        workers = sum(self._supervisor.counted(key) for key in self._groups if key[0] == tenant)
-        return budget.reading.pids / workers if workers else None
-
-    def _check_ledger(self, key: GroupKey, record: GroupRecord, views: Sequence[WorkerView]) -> None:
-        flight, settings = record.flight, record.settings
-        if not may_compact(draining=bool(flight.draining), spawning=bool(flight.spawning),
-                           rows=[record.readings.rows(view.id) for view in views]):
-            return
-        loads_by_worker = self._retirement.user_loads(record, views)
-        # (the group's floor: an old group of a blue/green switch compacts below its min_workers as users leave)
-        pool = settings.pool if settings.floor == settings.pool.min_workers else dataclasses.replace(
-            settings.pool, min_workers=settings.floor)
-        plan = plan_compaction(views, loads_by_worker, pool, self._tunnels())
-        if plan is None:
-            return
-        record.book.record(plan.decision)
-        steps = compaction_steps(plan, loads_by_worker.get(plan.retire, {}), live=self.mover is not None)
-        self._retirement.compact(key, record, plan.retire, steps)
 
     # ------------------------------------------------------------------ event: an operator's drain; a move ended
 

@@ -6,7 +6,7 @@ small fakes and imports none of those modules.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from elasticd.supervisor.lifecycle import WorkerState
 from elasticd.supervisor.plan import GroupKey  # (tenant, app, group): one definition, the supervisor's
@@ -44,7 +44,7 @@ class PoolUser(Protocol):
 class PoolSurface(Protocol):
     def on(self, worker: str) -> Iterable[tuple[str, PoolUser]]: ...
     def count_by_group(self) -> Mapping[tuple[str, str], int]: ...
-    def assign(self, user: str, worker: str, now: float) -> Any: ...
+    def assign(self, user: str, worker: str, now: float) -> object: ...
     def pin(self, user: str, pinned: bool = True) -> None: ...
 
 
