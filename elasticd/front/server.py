@@ -56,7 +56,7 @@ _WAKE_RETRY_AFTER: Final = 5  # seconds a client is told to wait after a cold st
 _CROWDED_RETRY_AFTER: Final = 1  # seconds a client is told to wait when too many requests wait for its worker
 
 
-_WAITS: Final = (Moving, Wake, NoRoom)  # what dispatch.decide answers for a request that waits in the front (parked)
+_ANSWERED_HERE: Final = (Refuse, Moving, Wake, NoRoom)  # what dispatch.decide answers but a forward
 _TICKED: Final = (Parked.WAKE, Parked.FULL)  # the reasons the tick may end (a move's end is the move's to say)
 
 
@@ -401,11 +401,11 @@ class Front:
         now = client.active_at
         decision = decide(target, ex.head, now, self._workers, self.unroutable, self.surface, self.place,
                           self.forwards, self.kept, self.wake, self.full)
-        if isinstance(decision, _WAITS):
-            self._park(decision, client, ex, now)
-            return
-        if isinstance(decision, Refuse):
-            self._refuse(client, ex, decision.status, decision.text, retry_after=decision.retry_after)
+        if isinstance(decision, _ANSWERED_HERE):  # (one C call for a forward, the common case)
+            if isinstance(decision, Refuse):
+                self._refuse(client, ex, decision.status, decision.text, retry_after=decision.retry_after)
+            else:
+                self._park(decision, client, ex, now)
             return
         assert target is not None
         upstream, ex.user, ex.entry, ex.cookie_line, ex.quota, ex.group = decision

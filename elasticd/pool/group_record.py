@@ -16,14 +16,14 @@ being retired.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from elasticd.config.model import PoolSettings
 from elasticd.pool.evaluator import Row, Window, occupancy
 from elasticd.pool.idle import ColdStarts
 from elasticd.pool.journal import Journal
-from elasticd.pool.policy import PoolDecision
+from elasticd.pool.policy import PoolDecision, WorkerView
 from elasticd.pool.proc_sensor import TreeSensor
 
 __all__ = ["Book", "Changes", "Flight", "GroupRecord", "GroupSettings", "WorkerReadings"]
@@ -90,9 +90,10 @@ class WorkerReadings:
         window = self.windows.get(worker_id)
         return len(window.rows) if window is not None else 0
 
-    def mean_rss(self, worker_ids: list[str]) -> float | None:
+    def mean_rss(self, views: Sequence[WorkerView]) -> float | None:
         """The mean of these workers' latest RSS readings."""
-        values = [rss for wid in worker_ids if (rss := self.rss.get(wid)) is not None]
+        latest = self.rss
+        values = [rss for view in views if (rss := latest.get(view.id)) is not None]
         return sum(values) / len(values) if values else None
 
     def forget(self, worker_id: str) -> None:

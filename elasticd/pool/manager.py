@@ -160,7 +160,11 @@ class PoolManager:
         return [w.id for w in self.routable(key)]
 
     def _views(self, key: GroupKey, record: GroupRecord) -> list[WorkerView]:
-        occupancy_of = record.readings.occupancy_of
+        readings = record.readings
+        if not readings.capacity:  # (the common case, on every login and report: no method call per worker)
+            occupancy = readings.occupancy
+            return [WorkerView(w.id, occupancy.get(w.id, 0.0)) for w in self.routable(key)]
+        occupancy_of = readings.occupancy_of
         return [WorkerView(w.id, occupancy_of(w.id)) for w in self.routable(key)]
 
     def capacity_of(self, worker_id: str) -> float | None:

@@ -50,11 +50,12 @@ class Scaling:
                            and workers[wid].state in COUNTED}
         # Routable but not yet measured (fewer than MEASURED_ROWS readings) is still a spawn in flight: its first
         # readings are its own start-up (imports, warm-up), and one spike must not grow the group.
-        unmeasured = sum(1 for view in views if readings.rows(view.id) < MEASURED_ROWS)
+        windows = readings.windows
+        unmeasured = sum(1 for view in views if view.id not in windows or len(windows[view.id].rows) < MEASURED_ROWS)
         if budget is None:
             budget = self._budget(key[0], key[1])
         # What one more worker would add, only where a limit can be passed (this runs at every report and login).
-        rss = readings.mean_rss([view.id for view in views]) if budget.memory_max is not None else None
+        rss = readings.mean_rss(views) if budget.memory_max is not None else None
         binding = limit_bindings(budget, record.pool, worker_rss=rss,
                                  worker_pids=self._pids_per_worker(key[0], budget) if budget.pids_max else None)
         # decide
@@ -91,8 +92,11 @@ class Scaling:
     def check_ledger(self, key: GroupKey, record: GroupRecord, views: Sequence[WorkerView]) -> None:
         # gather
         flight, settings = record.flight, record.settings
-        if not may_compact(draining=bool(flight.draining), spawning=bool(flight.spawning),
-                           rows=[record.readings.rows(view.id) for view in views]):
+        if flight.draining or flight.spawning:
+            return  # (may_compact's first rule, asked before the rows are counted: this runs at every report)
+        windows = record.readings.windows
+        if not may_compact(draining=False, spawning=False,
+                           rows=[len(windows[view.id].rows) if view.id in windows else 0 for view in views]):
             return
         loads_by_worker = self._retirement.user_loads(record, views)
         # (the group's floor: an old group of a blue/green switch compacts below its min_workers as users leave)

@@ -136,7 +136,14 @@ def _route(target: Target, head: RequestHead, now: float, user: str | None, entr
     fresh = user is None
     if user is None:
         user = new_user_id()
-    group, counted = _group_of(route, surface, user, entry, fresh)
+    # The user's group. The two common cases inline (a request pays no call for them): a returning user on the
+    # app's default group, a new user of an app without a canary.
+    if entry is not None and entry.group and entry.group == route.group:
+        group, counted = entry.group, ""
+    elif fresh and route.canary is None:
+        group, counted = route.group, DEFAULT
+    else:
+        group, counted = _group_of(route, surface, user, entry, fresh)
     workers = workers_of(route.tenant, route.app, group)
     if unroutable:
         workers = [w for w in workers if w.worker_id not in unroutable]
