@@ -262,6 +262,12 @@ class ChannelServer:
             raise ChannelError(f"{worker_id}'s channel closed: {exc}") from None
         finally:
             self._pending.pop(request_id, None)
+            # A close can answer the future (ChannelError) while the send still waits on drain(): that send's own
+            # error is what the caller gets, and the future's is read here, or asyncio logs it as never retrieved.
+            if answered.done() and not answered.cancelled():
+                answered.exception()
+            else:
+                answered.cancel()
 
     def tell(self, worker_id: str, message: dict[str, Any]) -> bool:
         """Send a message that has no answer (``forget``); False when the worker has no connection."""

@@ -131,7 +131,8 @@ def _route(target: Target, head: RequestHead, now: float, user: str | None, entr
            forwards: ForwardCounters, kept: Callable[[str], W | None] | None,
            wake: Callable[[tuple[str, str, str]], bool] | None,
            full: Full | None) -> Forward[W] | Refuse | Wake | NoRoom:
-    """An admitted request: its user's group, the group's workers, admission by capacity readings, placement."""
+    """An admitted request: its user's group, the group's workers, admission by capacity readings, and placement —
+    a new user on the reception (placement's choice), a returning one on its worker, the rest ``_place_again``."""
     route, quota = target.route, target.quota
     fresh = user is None
     if user is None:
@@ -174,14 +175,23 @@ def _route(target: Target, head: RequestHead, now: float, user: str | None, entr
             if candidate.worker_id == wanted:
                 entry.seen = now
                 return (candidate, user, entry, b"", quota, group)
-        keeping = _kept(entry, kept, unroutable)
-        if keeping is not None:
-            entry.seen = now
-            return (keeping, user, entry, b"", quota, group)
-    # New on the surface, or its worker went: (re-)placed in its group, among those with room.
+    return _place_again(target, now, user, entry, group, workers, surface, place, kept, unroutable, full)
+
+
+def _place_again(target: Target, now: float, user: str, entry: SurfaceUser | None, group: str,
+                 workers: Sequence[W], surface: Surface, place: PlaceFn, kept: Callable[[str], W | None] | None,
+                 unroutable: Collection[str], full: Full | None) -> Forward[W] | NoRoom:
+    """A user new on the surface (its cookie from before a restart, or expired), or whose worker went: still served
+    where it waits to be moved off (pinned), else (re-)placed in its group, among the workers with room."""
+    route, quota = target.route, target.quota
+    keeping = _kept(entry, kept, unroutable)
+    if keeping is not None:
+        assert entry is not None
+        entry.seen = now
+        return (keeping, user, entry, b"", quota, group)
     if full:
         roomy = _roomy(full, now, workers, route, group)
-        if isinstance(roomy, NoRoom):  # (its group choice, counted above, is counted again when it goes: rare)
+        if isinstance(roomy, NoRoom):  # (its group choice, counted before, is counted again when it goes: rare)
             return roomy
         workers = roomy
     worker = _placed(place(user, surface, workers), workers)
