@@ -23,7 +23,7 @@ from elasticd.front.core.bounds import CONNECTIONS, MAX_HEAD_BYTES, MAX_WAITING,
 from elasticd.front.core.counters import ForwardCounters
 from elasticd.front.core.dispatch import Moving, NoRoom, Refuse, Target, Wake, decide, has_room
 from elasticd.front.core.exchange import Exchange
-from elasticd.front.core.parking import Parked, ParkingLot
+from elasticd.front.core.parking import PARKED_FULL, PARKED_MOVE, PARKED_WAKE, Parked, ParkingLot
 from elasticd.front.core.quota import QuotaBook
 from elasticd.front.core.relay import (
     EVENT_FAIL,
@@ -57,7 +57,7 @@ _CROWDED_RETRY_AFTER: Final = 1  # seconds a client is told to wait when too man
 
 
 _ANSWERED_HERE: Final = (Refuse, Moving, Wake, NoRoom)  # what dispatch.decide answers but a forward
-_TICKED: Final = (Parked.WAKE, Parked.FULL)  # the reasons the tick may end (a move's end is the move's to say)
+_TICKED: Final = (PARKED_WAKE, PARKED_FULL)  # the reasons the tick may end (a move's end is the move's to say)
 
 
 def _group_name(key: tuple[str, str, str]) -> str:
@@ -289,19 +289,19 @@ class Front:
                 if self._may_go(reason, key, now):
                     self._dispatch_parked(parked.release(reason, key), key)
                     continue
-                if reason is Parked.FULL:  # each request after its reading's own wait
+                if reason is PARKED_FULL:  # each request after its reading's own wait
                     retry_after, wait = parked.terms(reason, key)
                     overdue = parked.release_older(reason, key, now - wait)
                     if overdue:
                         what = f"group {key}: every worker" if "/" in key else f"{key}"
                         self._answer_parked(overdue, key, 503, f"{what} says it is full (its capacity reading)",
                                             retry_after)
-        for name in parked.overdue(Parked.WAKE, now, self.request_timeout):
+        for name in parked.overdue(PARKED_WAKE, now, self.request_timeout):
             tenant, app, group = name.split("/")
             log.warning("front: group %s did not get a routable worker within the request timeout (%gs): "
                         "its waiting requests are answered 503", name, self.request_timeout)
             self.wake_failed((tenant, app, group), f"no worker came up within {self.request_timeout:g}s")
-        for user in parked.overdue(Parked.MOVE, now, self.move_timeout + 1.0):
+        for user in parked.overdue(PARKED_MOVE, now, self.move_timeout + 1.0):
             # The move's own deadline should have released them: whatever became of it, they go on.
             log.warning("front: requests of %s parked past the move timeout (%gs): released", user, self.move_timeout)
             self.release(user)
@@ -309,7 +309,7 @@ class Front:
     def _may_go(self, reason: Parked, key: str, now: float) -> bool:
         """Whether the requests parked under (``reason``, ``key``) may be decided again now (a MOVE's end is the
         move's to say, never the tick's)."""
-        if reason is Parked.WAKE:
+        if reason is PARKED_WAKE:
             tenant, app, group = key.split("/")
             if not any(group in (r.groups or {r.group}) for r in self._routes.routes()
                        if (r.tenant, r.app) == (tenant, app)):
@@ -326,8 +326,8 @@ class Front:
         users waiting for any worker of the group, are dispatched, oldest first."""
         released = 0
         for key in (worker_id, _group_name(group)):
-            if self.parked.holds(Parked.FULL, key):
-                released += self._dispatch_parked(self.parked.release(Parked.FULL, key), key)
+            if self.parked.holds(PARKED_FULL, key):
+                released += self._dispatch_parked(self.parked.release(PARKED_FULL, key), key)
         return released
 
     def backed_off(self, ex: Exchange) -> None:
@@ -439,29 +439,29 @@ class Front:
     def _park(self, decision: Moving | Wake | NoRoom, client: ClientConn, ex: Exchange, now: float) -> None:
         ex.advance(EVENT_PARK)
         if isinstance(decision, Moving):
-            self.parked.park(Parked.MOVE, decision.user, client, ex, now)
+            self.parked.park(PARKED_MOVE, decision.user, client, ex, now)
         elif isinstance(decision, Wake):
-            self.parked.park(Parked.WAKE, _group_name(decision.key), client, ex, now)
+            self.parked.park(PARKED_WAKE, _group_name(decision.key), client, ex, now)
         else:
-            self.parked.park(Parked.FULL, decision.key, client, ex, now, retry_after=decision.retry_after,
+            self.parked.park(PARKED_FULL, decision.key, client, ex, now, retry_after=decision.retry_after,
                              wait=decision.wait)
 
     def release(self, user: str) -> int:
         """A move of ``user`` ended: it is forwarded again, and its parked requests are dispatched, oldest first,
         to wherever it is now (its new worker, or its old one after an abort). Returns how many went."""
         self.surface.unflag(user)
-        return self._dispatch_parked(self.parked.release(Parked.MOVE, user), user)
+        return self._dispatch_parked(self.parked.release(PARKED_MOVE, user), user)
 
     def woke(self, key: tuple[str, str, str]) -> int:
         """A worker of a group at zero came up: the requests waiting for it are dispatched, oldest first."""
         name = _group_name(key)
-        return self._dispatch_parked(self.parked.release(Parked.WAKE, name), name)
+        return self._dispatch_parked(self.parked.release(PARKED_WAKE, name), name)
 
     def wake_failed(self, key: tuple[str, str, str], why: str) -> int:
         """The group's worker did not come up (its start failed, or not within ``request_timeout``): each
         request waiting for it is answered 503 with a Retry-After."""
         name = _group_name(key)
-        return self._answer_parked(self.parked.release(Parked.WAKE, name), name, 503,
+        return self._answer_parked(self.parked.release(PARKED_WAKE, name), name, 503,
                                    f"{key[0]}/{key[1]}: group {key[2]}: {why}", _WAKE_RETRY_AFTER)
 
     def _answer_parked(self, parked: list[tuple[ClientConn, Exchange]], what: str, status: int, text: str,

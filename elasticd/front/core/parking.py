@@ -19,11 +19,11 @@ counts from the spot's first. The bursts' queue will park here too.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 from elasticd.front.core.exchange import Exchange
 
-__all__ = ["Parked", "ParkingLot"]
+__all__ = ["PARKED_FULL", "PARKED_MOVE", "PARKED_WAKE", "Parked", "ParkingLot"]
 
 C = TypeVar("C")  # the client connection a request came on (the shell's)
 
@@ -32,6 +32,13 @@ class Parked(StrEnum):
     MOVE = "move"
     WAKE = "wake"
     FULL = "full"
+
+
+# The compiled front reads these constants, never a member: Debian bookworm's mypyc (1.0.1) names a C static for a
+# member read that it never defines (see relay.py, which does the same for its phases).
+PARKED_MOVE: Final[Parked] = Parked["MOVE"]
+PARKED_WAKE: Final[Parked] = Parked["WAKE"]
+PARKED_FULL: Final[Parked] = Parked["FULL"]
 
 
 class _Spot(Generic[C]):
