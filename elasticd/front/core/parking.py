@@ -18,7 +18,7 @@ counts from the spot's first. The bursts' queue will park here too.
 
 from __future__ import annotations
 
-from enum import StrEnum
+import enum
 from typing import Final, Generic, TypeVar
 
 from elasticd.front.core.exchange import Exchange
@@ -28,10 +28,13 @@ __all__ = ["PARKED_FULL", "PARKED_MOVE", "PARKED_WAKE", "Parked", "ParkingLot"]
 C = TypeVar("C")  # the client connection a request came on (the shell's)
 
 
-class Parked(StrEnum):
-    MOVE = "move"
-    WAKE = "wake"
-    FULL = "full"
+class Parked(enum.IntEnum):
+    """(An IntEnum, as relay.py's phases: bookworm's mypyc 1.0.1 compiles a module with a StrEnum into one whose
+    import fails with a metaclass conflict.)"""
+
+    MOVE = 0
+    WAKE = 1
+    FULL = 2
 
 
 # The compiled front reads these constants, never a member: Debian bookworm's mypyc (1.0.1) names a C static for a
