@@ -146,3 +146,27 @@ def test_no_two_public_classes_or_type_aliases_share_a_name():
             if not found.startswith("_"):
                 defined.setdefault(found, []).append(name)
     assert {n: where for n, where in defined.items() if len(where) > 1} == {}
+
+
+def _string_literals(node: ast.expr) -> bool:
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_string_literals(element) for element in node.elts)
+    return False
+
+
+def test_no_state_is_compared_as_a_string():
+    """A worker's states are supervisor/lifecycle.py's enum and its named sets; a reader that compares a state to a
+    spelled-out string would silently stop matching when a state is renamed."""
+    found = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            names_a_state = any((isinstance(side, ast.Attribute) and side.attr == "state")
+                                or (isinstance(side, ast.Name) and side.id == "state") for side in sides)
+            if names_a_state and any(_string_literals(side) for side in sides):
+                found.append(f"{name}:{node.lineno}")
+    assert found == []

@@ -25,6 +25,10 @@ def sparkline(values: Sequence[float], width: int = 30) -> str:
     return "".join(_TICKS[min(int(max(v, 0.0) * len(_TICKS)), len(_TICKS) - 1)] for v in values[-width:])
 
 
+# A probe's states as the API spells them (probes/probe.py): the two that are no news to print.
+_QUIET_PROBE_STATES = frozenset({"ok", "new"})
+
+
 def capacity_text(capacity: dict[str, Any] | None) -> str:
     """A worker's or node's capacity (``GET …/pool``'s ``capacity``): its tightest fresh reading and its age,
     FULL while it refuses, or why there is none; "-" without a capacity block."""
@@ -33,7 +37,8 @@ def capacity_text(capacity: dict[str, Any] | None) -> str:
     readings = capacity.get("readings") or []
     if not readings:
         state = capacity.get("state")
-        return f"{capacity['probe']}: no reading" + (f" ({state})" if state and state not in ("ok", "new") else "")
+        why = f" ({state})" if state and state not in _QUIET_PROBE_STATES else ""
+        return f"{capacity['probe']}: no reading{why}"
     r = max(readings, key=lambda r: (r.get("retry_after") is not None, r["used"] / r["limit"] if r["limit"] else 1))
     text = f"{r['used']:g}/{r['limit']:g} {r['source']} {r['age']:.1f}s ago"
     if capacity.get("full"):

@@ -40,6 +40,7 @@ CONNECT_TIMEOUT: Final = 2.0  # seconds to connect to the source
 READ_TIMEOUT: Final = 3.0  # seconds for its whole answer, once connected
 MAX_BODY: Final = 4 << 20  # bytes: a metrics page over this is refused (a tenant's worker answers it: never trusted)
 OK: Final = "ok"
+FAILED: Final = "failed"  # a custom probe's own poll raised
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,9 +238,9 @@ class Probe:
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             self.forget("unreachable", _why(exc))
         except Exception as exc:  # a custom probe's bug: said (once per change), and its reading forgotten
-            if not self.is_stopped and self.state != "failed":
+            if not self.is_stopped and self.state != FAILED:
                 log.exception("capacity probe of %s: its poll failed", self.node)
-            self.forget("failed", _why(exc))
+            self.forget(FAILED, _why(exc))
 
     def _state(self, state: str, detail: str) -> None:
         if state == self.state:
