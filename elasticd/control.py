@@ -104,7 +104,19 @@ class DaemonControl:
             return [{"user": user[:8], "login": rec.login, "requests": rec.requests,
                      "seconds": round(rec.seconds, 3)} for user, rec in surface.on(worker_id)]
 
-        return self._capacity.describe_pool(self._pool.describe(tenant, app, users_of))
+        described = self._capacity.describe_pool(self._pool.describe(tenant, app, users_of))
+        for name, group in described.get("groups", {}).items():
+            settings = configured.apps[app].groups.get(name)
+            if settings is not None:
+                group["queue"] = self._queue_of(f"{tenant}/{app}/{name}", settings.queue.max, settings.queue.timeout)
+        return described
+
+    def _queue_of(self, key: str, most: int, timeout: float) -> dict[str, Any]:
+        """The group's queue in the front: waiting now, its bounds, how many waited and how many it refused."""
+        stats = self._front.forwards.queues.get(key)
+        return {"depth": self._front.parked.depth(key), "max": most, "timeout": timeout,
+                "waited": stats.count if stats is not None else 0,
+                "refused": dict(stats.refused) if stats is not None else {}}
 
     async def population(self, tenant: str, app: str) -> dict[str, Any]:
         """GET /v1/apps/{tenant}/{app}/population: every user of the app, fused from the workers' registers

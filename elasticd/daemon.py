@@ -24,7 +24,7 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from elasticd import __version__
 from elasticd.accounting.sampler import Sampler
@@ -67,6 +67,10 @@ log = logging.getLogger("elasticd")
 
 DEFAULT_CONFIG = "/etc/elastic.yaml"
 
+
+# A worker's end that leaves the requests waiting for its group nothing to wait for, unless another of the group
+# will serve (or the pool owes it a start): failed (a crash loop), or stopped; and an exit before it ever served.
+_ENDED: Final = frozenset({WorkerState.FAILED, WorkerState.STOPPED})
 
 class Daemon:
     __slots__ = (
@@ -124,6 +128,8 @@ class Daemon:
         self.front.on_login = self.pool.on_login
         self.front.wake = self.pool.wake  # a request for a group at zero workers starts one and waits for it
         self.pool.on_wake_failed = self.front.wake_failed
+        self.front.on_queued = self.pool.on_queued  # a queued request is the burst's short signal
+        self.pool.queued = lambda key: self.front.parked.depth("/".join(key))
         self.supervisor.wait_drained = lambda workers, timeout: self.pool.wait_drained([w.id for w in workers], timeout)
         self.channel = ChannelServer(server.runtime_dir, ChannelAuth(self.supervisor), self.pool.on_report,
                                      interval=server.occupancy_interval)
@@ -187,8 +193,11 @@ class Daemon:
         if worker.routable:
             self.pool.on_routable(worker.id)
             self.front.woke(key)  # requests waiting for a group at zero: they go to it now
-        elif worker.state == WorkerState.FAILED or (worker.state in GONE and not self.pool.owes_start(key) and not any(
-                w.state in WILL_SERVE for w in self.supervisor.workers_of(key))):
+        elif (worker.state in _ENDED or (worker.state == WorkerState.EXITED and not worker.served)) \
+                and not self.pool.owes_start(key) \
+                and not any(w.state in WILL_SERVE for w in self.supervisor.workers_of(key) if w is not worker):
+            # (one that served and exited is restarting: the requests that wait for its group wait for it; one whose
+            # start failed is a broken command, and they are answered now rather than at their timeout)
             self.front.wake_failed(key, f"its worker {worker.id} did not start ({worker.state})")
         if worker.routable or worker.state in GONE:
             self.capacity.sync()  # its probe starts once its socket accepts; it stops, its reading dropped, as it goes

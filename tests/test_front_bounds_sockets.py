@@ -1,15 +1,15 @@
 """The front's bounds on a hostile worker, on real sockets: a worker speaking HTTP by hand on a Unix socket sends
 an answer head too large, of too many lines, trickled a byte at a time, an endless chunk-size line or trailer, or
 accepts and never answers while many clients ask. Each is refused as ``front.core.bounds`` says (502, 504, a cut
-connection, or a wait for one of a bounded number of connections), counted by reason, and the worker's connection
-closed; nothing else is lost: the worker stays routable and the next request is served."""
+connection), counted by reason, and the worker's connection closed; nothing else is lost: the worker stays routable
+and the next request is served. Past a worker's concurrency, requests wait in its group's queue
+(``front/queueing.py``), bounded in count and time."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import resource
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -20,7 +20,6 @@ from test_front import answers, front, no_errors_logged, run
 
 from elasticd.front import AppRoute, Front, RouteTable, Upstream
 from elasticd.front.core.bounds import (
-    CONNECTIONS,
     FRAMING,
     HEAD_FIELDS,
     HEAD_SIZE,
@@ -29,14 +28,10 @@ from elasticd.front.core.bounds import (
     MAX_HEAD_BYTES,
     MAX_HEAD_FIELDS,
     MAX_INTERIM,
-    MAX_WAITING,
-    MIN_CONNECTIONS,
 )
 
 __all__ = ["no_errors_logged"]  # a fixture, used by name
 
-# concurrency 1: the front keeps at most MIN_CONNECTIONS (8) connections to each worker, 4 of them idle
-ONE_AT_A_TIME = RouteTable({"shop.localhost": AppRoute("acme", "shop", "green", concurrency=(("green", 1),))})
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 Answer = Callable[[bytes, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -261,72 +256,90 @@ async def _slowly(head: bytes, reader: asyncio.StreamReader, writer: asyncio.Str
     await writer.drain()
 
 
-def test_a_worker_that_never_answers_gets_no_more_connections_than_its_bound(tmp_path: Path) -> None:
-    async def scenario() -> tuple[list[int], int, int]:
+def _one_at_a_time(most: int = 100, timeout: float = 5.0) -> RouteTable:
+    return RouteTable({"shop.localhost": AppRoute("acme", "shop", "green", concurrency=(("green", 1),),
+                                                  queues=(("green", most, timeout),))})
+
+
+def test_a_worker_that_never_answers_gets_its_concurrency_and_the_rest_wait_then_503(tmp_path: Path) -> None:
+    async def scenario() -> tuple[list[int], int, int, dict[str, int]]:
         worker = RawWorker(tmp_path / "w.sock", _never)
-        async with worker.serving(), front(worker.upstreams, timeout=1.0, routes=ONE_AT_A_TIME) as f:
+        async with worker.serving(), front(worker.upstreams, timeout=1.0, routes=_one_at_a_time(timeout=1.5)) as f:
             results = await asyncio.gather(*(get(f) for _ in range(30)))
             await until(lambda: worker.open == 0, what="the worker's connections closed")
-            assert f.forwards.open == {}
-            return [status for status, _, _ in results], worker.most, worker.accepted
+            assert f.forwards.open == {} and f.forwards.saturated == set() and not f.parked
+            return ([status for status, _, _ in results], worker.most, worker.accepted,
+                    f.forwards.queues["acme/shop/green"].refused)
 
-    statuses, most, accepted = run(scenario())
-    assert statuses == [504] * 30  # each after the request timeout, waiting or not
-    assert most <= MIN_CONNECTIONS and accepted <= MIN_CONNECTIONS  # not one connection per request
+    statuses, most, accepted, refused = run(scenario())
+    # One at a time (its concurrency) gets the worker and its 504 at the request timeout; the others waited in the
+    # group's queue, in order, and were answered 503 at its timeout.
+    assert statuses.count(504) >= 1 and statuses.count(504) + statuses.count(503) == 30, statuses
+    assert refused == {"timeout": statuses.count(503)}
+    assert most == 1 and accepted == statuses.count(504)
 
 
-def test_requests_past_the_bound_wait_for_a_connection_and_idle_ones_past_theirs_close(tmp_path: Path) -> None:
+def test_requests_past_the_concurrency_wait_in_order_and_reuse_its_connection(tmp_path: Path) -> None:
     async def scenario() -> tuple[list[int], int, int]:
         worker = RawWorker(tmp_path / "w.sock", _slowly)
-        async with worker.serving(), front(worker.upstreams, routes=ONE_AT_A_TIME) as f:
-            results = await asyncio.gather(*(get(f) for _ in range(40)))
-            # After the burst: the bound's 8 were released, and the 4 past the idle bound closed.
-            await until(lambda: worker.open == MIN_CONNECTIONS // 2, what="idle connections past the bound closed")
+        async with worker.serving(), front(worker.upstreams, routes=_one_at_a_time()) as f:
+            results = await asyncio.gather(*(get(f) for _ in range(20)))
+            waited = f.forwards.queues["acme/shop/green"]
+            assert waited.count == 19 and waited.refused == {}  # every one but the first waited, none refused
             return [status for status, _, _ in results], worker.most, worker.accepted
 
     statuses, most, accepted = run(scenario())
-    assert statuses == [200] * 40  # every one served, through the bound's connections
-    assert most == MIN_CONNECTIONS and accepted == MIN_CONNECTIONS
+    assert statuses == [200] * 20  # every one served, one at a time
+    assert most == 1 and accepted == 1  # the one connection, kept alive and reused
 
 
-def test_requests_waiting_for_a_worker_that_goes_are_502(tmp_path: Path) -> None:
+def test_requests_waiting_for_a_worker_that_dies_wait_for_its_restart(tmp_path: Path) -> None:
+    """Held, not refused: the request on the worker when it died fails (502); the ones waiting for a slot wait on
+    while it is unroutable, and its restarted process (its socket accepting again) serves them."""
+    path = tmp_path / "w.sock"
+
     async def scenario() -> list[int]:
+        worker = RawWorker(path, _never)
+        async with front(worker.upstreams, timeout=5.0, routes=_one_at_a_time()) as f:
+            async with worker.serving():
+                asking = [asyncio.ensure_future(get(f)) for _ in range(1 + 6)]
+                await until(lambda: worker.open == 1 and f.parked.depth("acme/shop/green") == 6,
+                            what="one on the worker, six waiting")
+                for task in list(worker.tasks):  # it dies: its connections reset
+                    task.cancel()
+                await until(lambda: "raw" in f.unroutable, what="the worker found dead")
+            path.unlink()
+            await asyncio.sleep(0.3)  # the six go on waiting while nothing accepts
+            assert f.parked.depth("acme/shop/green") == 6
+            async with RawWorker(path, _slowly).serving():  # restarted, on the same socket
+                done = await asyncio.gather(*asking)
+            return [status for status, _, _ in done]
+
+    statuses = run(scenario())
+    assert sorted(statuses) == [200] * 6 + [502], statuses
+
+
+def test_past_the_queue_bound_requests_are_refused_503_at_once(tmp_path: Path) -> None:
+    async def scenario() -> tuple[list[tuple[int, bytes]], float, dict[str, int]]:
         worker = RawWorker(tmp_path / "w.sock", _never)
-        async with worker.serving(), front(worker.upstreams, timeout=3.0, routes=ONE_AT_A_TIME) as f:
-            asking = [asyncio.ensure_future(get(f)) for _ in range(MIN_CONNECTIONS + 4)]
-            await until(lambda: worker.open == MIN_CONNECTIONS, what="the bound's connections")
-            await asyncio.sleep(0.1)  # the 4 past the bound wait
-            f.close_upstream("raw")  # the supervisor saw it exit
-            done, _ = await asyncio.wait(asking, timeout=1.0)
-            statuses = sorted(task.result()[0] for task in done)
-            for task in asking:
-                task.cancel()
-            await asyncio.gather(*asking, return_exceptions=True)
-            return statuses
-
-    assert run(scenario()) == [502] * 4  # at once: the 8 it holds end at their own timeout
-
-
-def test_past_the_waiting_bound_requests_are_refused_503(tmp_path: Path) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    needed = 4 * (MIN_CONNECTIONS + MAX_WAITING) + 256  # each request: the client's socket and the front's
-    if soft < needed:
-        if hard != resource.RLIM_INFINITY and hard < needed:
-            pytest.skip(f"needs {needed} file descriptors, the hard limit is {hard}")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
-
-    async def scenario() -> tuple[list[int], int, dict[tuple[str, str, str], int]]:
-        worker = RawWorker(tmp_path / "w.sock", _never)
-        async with worker.serving(), front(worker.upstreams, timeout=5.0, routes=ONE_AT_A_TIME) as f:
-            asking = [asyncio.ensure_future(get(f, timeout=8.0)) for _ in range(MIN_CONNECTIONS + MAX_WAITING)]
-            await until(lambda: len(f.forwards.open) == MIN_CONNECTIONS + MAX_WAITING and worker.open ==
-                        MIN_CONNECTIONS, timeout=4.0, what="the bound and the line full")
+        async with worker.serving(), front(worker.upstreams, timeout=5.0, routes=_one_at_a_time(most=4)) as f:
+            asking = [asyncio.ensure_future(get(f, timeout=8.0)) for _ in range(1 + 4)]
+            await until(lambda: worker.open == 1 and f.parked.depth("acme/shop/green") == 4,
+                        what="one on the worker, the queue full")
+            started = time.monotonic()
             refused = await asyncio.gather(*(get(f) for _ in range(3)))
+            took = time.monotonic() - started
+            exposed = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                       for m in f.collector().collect() for s in m.samples}
+            assert exposed[("elasticd_queue_depth", (("app", "shop"), ("group", "green"), ("tenant", "acme")))] == 4
+            assert exposed[("elasticd_queue_refusals_total",
+                            (("app", "shop"), ("group", "green"), ("reason", "full"), ("tenant", "acme")))] == 3
             for task in asking:
                 task.cancel()
             await asyncio.gather(*asking, return_exceptions=True)
-            return [status for status, _, _ in refused], worker.most, dict(f.forwards.upstream_refusals)
+            return [(status, data) for status, _, data in refused], took, f.forwards.queues["acme/shop/green"].refused
 
-    statuses, most, refusals = run(scenario())
-    assert statuses == [503] * 3 and most == MIN_CONNECTIONS
-    assert refusals == {("acme", "shop", CONNECTIONS): 3}
+    refused, took, counted = run(scenario())
+    assert [status for status, _ in refused] == [503] * 3 and counted == {"full": 3}
+    assert all(b"Retry-After: 1\r\n" in data and b"4 requests wait already" in data for _, data in refused)
+    assert took < 1.0  # at once, not after a timeout

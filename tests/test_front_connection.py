@@ -252,7 +252,10 @@ def test_a_reused_connection_that_died_unanswered_is_retried_once_then_502():
     relay.receive(GET)
     ex, _ = forward(relay)
     assert relay.worker_lost(ex, reused=True, received=False) is Failure.RETRY
-    assert ex.retried and ex.conn is None and ex.phase is Phase.FORWARDING
+    assert ex.conn is None and ex.phase is Phase.FORWARDING  # the shell undoes the forward (Exchange.retry)
+    ex.retry(ForwardCounters())
+    assert ex.retried and ex.phase is Phase.QUEUED
+    ex.forward(ForwardCounters())
     ex.attach(Link())
     assert relay.worker_lost(ex, reused=True, received=False) is Failure.BAD_GATEWAY
     assert ex.conn is None

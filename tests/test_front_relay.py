@@ -30,7 +30,7 @@ Q, F, A, D, H = Phase.QUEUED, Phase.FORWARDING, Phase.ANSWERING, Phase.DONE, Pha
 LEGAL = {
     (Q, Event.REFUSE): D, (Q, Event.FORWARD): F,
     (Q, Event.PARK): H, (H, Event.RELEASE): Q,  # a live move of its user: held in the front, then dispatched again
-    (F, Event.ATTACH): F, (F, Event.RETRY): F, (F, Event.ANSWER_HEAD): A, (F, Event.FAIL): D,
+    (F, Event.ATTACH): F, (F, Event.RETRY): Q, (F, Event.ANSWER_HEAD): A, (F, Event.FAIL): D,
     (F, Event.CLIENT_LEFT): D,
     (A, Event.ANSWER_END): D, (A, Event.UPGRADE): D, (A, Event.CUT): D, (A, Event.CLIENT_LEFT): D,
 }
@@ -79,14 +79,24 @@ def test_a_request_answered_by_its_worker():
     assert ex.finished and not ex.in_flight and not ex.live
 
 
-def test_retry_once_on_a_reused_connection_then_never_again():
-    ex = _forwarded()
+def test_retry_undoes_the_forward_once_then_never_again():
+    forwards = ForwardCounters()
+    counters = forwards.worker("w1")
+    counters.concurrency = 1
+    ex = Exchange()
+    ex.counters = counters
+    ex.forward(forwards)
+    assert (counters.in_flight, forwards.saturated, len(forwards.open)) == (1, {"w1"}, 1)
     ex.attach(_Link())
-    ex.retry()
-    assert (ex.phase, ex.retried, ex.conn) == (F, True, None)
+    ex.retry(forwards)
+    # dispatched again from QUEUED: nothing of the first forward is counted, its worker's slot is free again
+    assert (ex.phase, ex.retried, ex.conn, ex.rid, ex.counters) == (Q, True, None, 0, None)
+    assert (counters.in_flight, counters.requests, forwards.saturated, forwards.open) == (0, 0, set(), {})
+    ex.counters = counters
+    ex.forward(forwards)
     ex.attach(_Link())
     with pytest.raises(RelayError, match="at most once"):
-        ex.retry()
+        ex.retry(forwards)
     ex.answer_head(200, None)
     with pytest.raises(RelayError):  # the answer began: no retry can follow, whatever the shell asks
         ex.advance(Event.RETRY)

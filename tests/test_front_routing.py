@@ -57,13 +57,13 @@ def test_normalize_host(header: str | None, host: str | None) -> None:
 def test_from_config_maps_every_domain_to_the_default_group() -> None:
     table = RouteTable.from_config(parse_config(CONFIG))
     shop = AppRoute("acme", "shop", "green", groups=frozenset({"blue", "green"}), label="acme/shop",
-                    concurrency=(("blue", 3), ("green", 8)))
+                    concurrency=(("blue", 3), ("green", 8)), queues=(("blue", 100, 5.0), ("green", 100, 5.0)))
     assert table.lookup("shop.localhost:8080") == shop
     assert table.lookup("shop.example.com.") == shop
     # each group's concurrency bounds the front's connections to its workers (front.core.bounds)
     assert (shop.concurrency_of("blue"), shop.concurrency_of("green"), shop.concurrency_of("gone")) == (3, 8, 8)
     blog = AppRoute("globex", "blog", "blue", groups=frozenset({"blue"}), label="globex/blog",
-                    concurrency=(("blue", 8),))
+                    concurrency=(("blue", 8),), queues=(("blue", 100, 5.0),))
     assert table.lookup("www.blog.localhost") == blog  # first group by default
     assert table.lookup("unknown.localhost") is None
     assert len(table) == 4

@@ -20,6 +20,8 @@ import aiohttp
 import pytest
 from harness import PYTHON, browse
 
+from elasticd.supervisor.spawn import socket_path
+
 TENANTS = """\
 tenants:
   acme:
@@ -120,14 +122,18 @@ def test_a_websocket_is_an_open_connection_and_the_executor_queue_is_measured(da
 
     async def scenario() -> tuple[dict, dict]:
         headers = {"Host": "shop.localhost", "Cookie": f"elastic_uid={cookie}"}
-        async with aiohttp.ClientSession() as session:
-            async with session.ws_connect(f"http://127.0.0.1:{d.port}/ws", headers=headers) as ws:
-                await ws.send_str("hello")
-                assert "hello" in (await ws.receive()).data
-                open_row = await asyncio.to_thread(_population, d)
-            # Three blocking calls on a worker of concurrency 2: one waits for a thread.
-            calls = [asyncio.create_task(session.get(f"http://127.0.0.1:{d.port}/blocking?ms=1500",
-                                                     headers=headers)) for _ in range(3)]
+        async with aiohttp.ClientSession() as session, session.ws_connect(f"http://127.0.0.1:{d.port}/ws",
+                                                                          headers=headers) as ws:
+            await ws.send_str("hello")
+            assert "hello" in (await ws.receive()).data
+            open_row = await asyncio.to_thread(_population, d)
+        # Three blocking calls on a worker of concurrency 2: one waits for a thread. Sent to the reception's own
+        # socket: through the front, the third would wait in the group's queue instead (front/queueing.py), and the
+        # worker's executor would never have one to measure.
+        reception = next(w for w in d.pool()["workers"] if w["reception"])
+        direct = aiohttp.UnixConnector(path=socket_path(str(d.runtime), reception["id"]))
+        async with aiohttp.ClientSession(connector=direct) as session:
+            calls = [asyncio.create_task(session.get("http://worker/blocking?ms=1500")) for _ in range(3)]
             await asyncio.sleep(0.2)
             queued = await asyncio.to_thread(_queued, d)
             for call in calls:

@@ -98,8 +98,12 @@ def test_load_grows_the_pool_and_it_compacts_back(daemons, tmp_path, sensorless)
         if sensorless == "0":
             assert all(w["announced"] for w in grown["workers"] if w["state"] == "running")
             counts = grown["decision_counts"]  # the last decisions are mostly logins: count over all of them
-            assert counts.get("pass", 0) >= 1  # logins over the reception's threshold went to other workers
-            assert counts.get("admit", 0) + counts.get("fallback", 0) >= 1
+            # Users spread past the reception: logins over its threshold passed on to other workers (pass, then
+            # admit or fallback), or new users who found it at its concurrency born where there was room (the
+            # group's queue places a cookieless request on any worker with a free slot).
+            passed = counts.get("pass", 0) >= 1 and counts.get("admit", 0) + counts.get("fallback", 0) >= 1
+            elsewhere = [w["id"] for w in grown["workers"] if not w["reception"] and w["sticky_users"]]
+            assert passed or elsewhere, grown
         else:
             assert not any(w["announced"] for w in grown["workers"])
         time.sleep(1.0)

@@ -66,7 +66,9 @@ WAKE = [
     ("the retired one is out of the list, stopping", [], False, 1, 1, WakeVerdict.AFTER_RETIRE),
     ("a drained one stays routable but takes no one", [(S.RUNNING, R, True), (S.STARTING, G, False)], False, 2, 2,
      WakeVerdict.COMING),
-    ("at the cap with none leaving", [(S.EXITED, G, False)], False, 1, 1, WakeVerdict.AT_CAP),
+    ("its only worker just exited (killed): it restarts", [(S.EXITED, G, False)], False, 1, 1, WakeVerdict.COMING),
+    ("killed, and the front found it first", [(S.RUNNING, R, False)], False, 1, 1, WakeVerdict.DEAD),
+    ("at the cap with none leaving", [(S.STOPPING, G, False)], False, 1, 1, WakeVerdict.AT_CAP),
 ]
 
 
@@ -74,7 +76,9 @@ WAKE = [
                          ids=[row[0] for row in WAKE])
 def test_the_cold_start_rule(name, workers, launching, held, maximum, verdict):
     assert wake_rule(workers, launching=launching, counted=held, max_workers=maximum) is verdict
-    assert verdict.waits is (verdict in {WakeVerdict.START, WakeVerdict.COMING, WakeVerdict.AFTER_RETIRE})
+    # Hold or refuse: only a crash loop, or a cap held by workers that stay, answer 503; every other verdict has
+    # the request wait in the front (a worker is coming, or the one found dead is about to be restarted).
+    assert verdict.waits is (verdict not in {WakeVerdict.FAILED, WakeVerdict.AT_CAP})
 
 
 # (name, staying, floor, held, max_workers, stopping, outcome: None | "replace" | the refusal's words)
@@ -124,3 +128,53 @@ PLAN = Compaction("w2", {"busy": "w3", "idle": "w3", "mid": "w1"}, PoolDecision(
 ])
 def test_how_a_compaction_empties_its_worker(live, steps):
     assert compaction_steps(PLAN, {"busy": 0.3, "mid": 0.1}, live=live) == steps
+
+
+# ---------------------------------------------------------------------- recycling
+
+# (name, served, rss, max_requests, max_rss, a change under way, recycled?)
+RECYCLE = [
+    ("no limits: never", 10**9, 10**12, None, None, False, False),
+    ("under max_requests", 99, None, 100, None, False, False),
+    ("at its own limit (max_requests and its jitter)", "limit", None, 100, None, False, True),
+    ("RSS under max_rss", 0, 100 << 20, None, 200 << 20, False, False),
+    ("RSS at max_rss", 0, 200 << 20, None, 200 << 20, False, True),
+    ("no RSS reading", 0, None, None, 200 << 20, False, False),
+    ("due, but the group starts or drains a worker: wait", 10**6, 10**12, 100, 1, True, False),
+]
+
+
+@pytest.mark.parametrize(("name", "served", "rss", "max_requests", "max_rss", "changing", "recycled"), RECYCLE,
+                         ids=[row[0] for row in RECYCLE])
+def test_the_recycle_decision(name, served, rss, max_requests, max_rss, changing, recycled):
+    from elasticd.pool.recycling import recycle_reason, requests_limit
+
+    limit = requests_limit(max_requests, "acme.shop.green.1")
+    if served == "limit":
+        assert recycle_reason(served=limit - 1, rss=rss, limit=limit, max_rss=max_rss, changing=False) is None
+        served = limit
+    reason = recycle_reason(served=served, rss=rss, limit=limit, max_rss=max_rss, changing=changing)
+    assert (reason is not None) is recycled, reason
+
+
+def test_the_jitter_spreads_a_groups_limits_by_up_to_a_tenth_fixed_per_worker():
+    from elasticd.pool.recycling import requests_limit
+
+    limits = [requests_limit(1000, f"acme.shop.green.{n}") for n in range(1, 41)]
+    assert all(1000 <= limit <= 1100 for limit in limits) and len(set(limits)) > 20  # not all at once
+    assert requests_limit(1000, "acme.shop.green.7") == requests_limit(1000, "acme.shop.green.7")  # fixed
+    assert requests_limit(5, "acme.shop.green.1") == 5 and requests_limit(None, "acme.shop.green.1") is None
+
+
+@pytest.mark.parametrize(("staying", "floor", "counted", "maximum", "outcome"), [
+    (3, 1, 4, 4, "replaces"),  # a recycle always replaces, the floor or not: in the recycled one's place
+    (0, 1, 1, 1, "replaces"),  # its group's only worker, at the cap
+    (3, 1, 5, 4, "no replacement"),  # over the cap even counting it in the recycled one's place: kept
+])
+def test_a_recycled_worker_is_always_replaced_first(staying, floor, counted, maximum, outcome):
+    try:
+        why = replacement_for_drain("w1", staying=staying, floor=floor, counted=counted, max_workers=maximum,
+                                    recycled="served 100 requests")
+    except ValueError as exc:
+        why = str(exc)
+    assert why is not None and outcome in why

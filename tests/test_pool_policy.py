@@ -256,3 +256,55 @@ def test_drained_users_always_fit_under_admission_on_the_survivors(group):
         assert projected[target] < threshold
         if len(workers) > 2:
             assert target != reception  # admission never uses the reception while others survive
+
+
+# ---------------------------------------------------------------------- the burst (the short signal)
+
+_W2 = [WorkerView("w1", 0.3), WorkerView("w2", 0.2)]
+
+# (name, routable, waiting in the front, waiting in executors, starting, counted, a binding limit, measuring,
+#  the decision's kind or None)
+BURST = [
+    ("nothing waits: the window's rule alone", _W2, 0, 0, 0, 2, False, False, None),
+    ("requests wait in the front: grow now, whatever the average says", _W2, 3, 0, 0, 2, False, False, "scale-up"),
+    ("an executor's queue is the same signal", _W2, 0, 2, 0, 2, False, False, "scale-up"),
+    ("one start at a time", _W2, 3, 0, 1, 3, False, False, None),
+    ("at max_workers", [*_W2, WorkerView("w3", 0.9), WorkerView("w4", 0.9)], 9, 0, 0, 4, False, False, None),
+    ("held by the tenant's limit", _W2, 3, 0, 0, 2, True, False, "held"),
+    ("no reading of the tenant's cgroup yet", _W2, 3, 0, 0, 2, False, True, None),
+    ("no routable worker: the cold start's", [], 3, 0, 0, 0, False, False, None),
+]
+
+
+@pytest.mark.parametrize(("name", "workers", "waiting", "executor_waiting", "starting", "counted", "bound",
+                          "measuring", "kind"), BURST, ids=[row[0] for row in BURST])
+def test_the_burst_grows_the_group_at_once_under_the_same_guards(name, workers, waiting, executor_waiting, starting,
+                                                                 counted, bound, measuring, kind):
+    from elasticd.pool.budget import LimitBinding
+    from elasticd.pool.policy import check_burst
+
+    holds = [LimitBinding("memory", "memory.current plus one worker over 0.9 of memory.max", {})] if bound else []
+    decision = check_burst(workers, POOL, waiting=waiting, executor_waiting=executor_waiting, starting=starting,
+                           counted=counted, holds=holds, measuring=measuring)
+    assert (decision.kind if decision is not None else None) == kind
+    if decision is not None:
+        assert decision.reason.startswith("burst: ") and decision.numbers["waiting"] == waiting
+
+
+# (name, the worker's reading times, the last burst, readings that count for compaction)
+CALM = [
+    ("no burst ever: every reading", [1.0, 2.0, 3.0], float("-inf"), 3),
+    ("a burst now: none", [1.0, 2.0, 3.0], 3.0, 0),
+    ("readings since the burst only", [1.0, 2.0, 3.0, 4.0], 2.5, 2),
+]
+
+
+@pytest.mark.parametrize(("name", "times", "burst_at", "counted"), CALM, ids=[row[0] for row in CALM])
+def test_no_compaction_while_a_burst_lasts_nor_until_a_window_was_read_after_it(name, times, burst_at, counted):
+    from elasticd.pool.evaluator import SMOOTHING_ROWS
+    from elasticd.pool.ledger import calm_rows, may_compact
+
+    assert calm_rows(times, burst_at) == counted
+    full = [float(i) for i in range(SMOOTHING_ROWS)]
+    assert may_compact(draining=False, spawning=False, rows=[calm_rows(full, float("-inf"))])
+    assert not may_compact(draining=False, spawning=False, rows=[calm_rows(full, 0.5)])

@@ -30,6 +30,7 @@ from elasticd.config.model import (
     Group,
     MonitorAuth,
     PoolSettings,
+    QueueSettings,
     Quotas,
     Resources,
     RunAs,
@@ -74,11 +75,11 @@ _TENANT_KEYS = ("user", "group", "resources", "quotas", "apps", "isolation")
 _RESOURCE_KEYS = ("cpu", "memory", "swap", "pids", "io_weight", "io_bandwidth")
 _QUOTA_KEYS = ("max_concurrent_requests", "requests_per_second", "burst")
 _APP_KEYS = ("domains", "root", "default_group", "canary", "groups")
-_GROUP_KEYS = ("command", "python", "env", "concurrency", "pool", "capacity", "nodes")
+_GROUP_KEYS = ("command", "python", "env", "concurrency", "pool", "capacity", "nodes", "queue")
 _SPAWNED_ONLY = ("command", "python", "env", "pool")  # what a nodes: group (never spawned) has no use for
 _POOL_KEYS = ("min_workers", "max_workers", "reception_threshold", "admission_threshold",
               "compaction_margin", "memory_limit", "drain_timeout", "idle_timeout", "cpu_held_at", "throttled_held_at",
-              "memory_held_at", "pids_held_at", "max_package")
+              "memory_held_at", "pids_held_at", "max_package", "max_requests", "max_rss")
 
 
 def _server(walk: Walk, node: Any, line: int | None) -> Server:
@@ -216,11 +217,20 @@ def _pool(walk: Walk, node: Any, path: str, line: int | None) -> PoolSettings:
         memory_held_at=walk.value(m, "memory_held_at", path, share, d.memory_held_at),
         pids_held_at=walk.value(m, "pids_held_at", path, share, d.pids_held_at),
         max_package=walk.value(m, "max_package", path, _package_size, d.max_package),
+        max_requests=walk.value(m, "max_requests", path, integer(1, 1_000_000_000), None),
+        max_rss=walk.value(m, "max_rss", path, lambda v: parse_size(v, allow_zero=False), None),
     )
     if pool.max_workers is not None and pool.min_workers > pool.max_workers:
         walk.error(f"{path}.min_workers", walk.key_line(m, "min_workers") or line,
                    f"{pool.min_workers} is more than max_workers ({pool.max_workers})")
     return pool
+
+
+def _queue(walk: Walk, node: Any, path: str, line: int | None) -> QueueSettings:
+    m = walk.mapping(node, path, line, ("max", "timeout"))
+    d = QueueSettings()
+    return QueueSettings(max=walk.value(m, "max", path, integer(0, 1_000_000), d.max),
+                         timeout=walk.value(m, "timeout", path, duration, d.timeout))
 
 
 # The channel's bound on the bytes after one message (elasticd.frames.MAX_PAYLOAD, which the tests keep equal).
@@ -285,6 +295,7 @@ def _group(walk: Walk, name: str, node: Any, path: str, line: int | None) -> Gro
         return Group(name=name, command=(),
                      concurrency=walk.value(m, "concurrency", path, integer(1, 100000), 8),
                      capacity=capacity,
+                     queue=_queue(walk, m.get("queue"), f"{path}.queue", walk.key_line(m, "queue")),
                      nodes=nodes_list(walk, m.get("nodes"), f"{path}.nodes", walk.key_line(m, "nodes") or line,
                                       capacity))
     return Group(
@@ -295,6 +306,7 @@ def _group(walk: Walk, name: str, node: Any, path: str, line: int | None) -> Gro
         env=_env(walk, m.get("env"), f"{path}.env", walk.key_line(m, "env")),
         concurrency=walk.value(m, "concurrency", path, integer(1, 100000), 8),
         pool=_pool(walk, m.get("pool"), f"{path}.pool", walk.key_line(m, "pool")),
+        queue=_queue(walk, m.get("queue"), f"{path}.queue", walk.key_line(m, "queue")),
     )
 
 

@@ -120,6 +120,11 @@ class PoolSettings:
     throttled_held_at: float = 0.5
     memory_held_at: float = 0.9
     pids_held_at: float = 0.9
+    # Recycling (pool/recycling.py): a worker is replaced — a new one first, its users moved live, its open work
+    # drained — once its process has served ``max_requests`` (plus a jitter of up to a tenth, fixed per worker, so a
+    # group's workers do not all go at once) or its RSS passed ``max_rss``. None: never.
+    max_requests: int | None = None
+    max_rss: int | None = None
 
 
 # The kinds of capacity probe (seed 001). ``inflight`` (also ``none``, or no block) is no probe object at all:
@@ -175,6 +180,18 @@ class Node:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """A group's ``queue: {max, timeout}``: requests wait in the front while every routable worker of the group has
+    as many in flight as its ``concurrency`` — at most ``max`` of them at once (those waiting for a worker that is
+    coming count too), each at most ``timeout``; past either, 503 with Retry-After. Passenger's
+    ``max_request_queue_size`` is 100 too; 5 s is long for a user to wait for a page and short enough that an
+    overload shows as a fast, honest 503 (the burst scale-up has started a worker well before)."""
+
+    max: int = 100
+    timeout: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
 class Group:
     name: str
     command: tuple[str, ...]
@@ -184,6 +201,7 @@ class Group:
     pool: PoolSettings = PoolSettings()
     capacity: Capacity | None = None  # each of its workers' capacity probe (None: the open-request count)
     nodes: tuple[Node, ...] = ()  # instead of a command: upstreams elasticd does not start
+    queue: QueueSettings = QueueSettings()
 
     @property
     def spawned(self) -> bool:

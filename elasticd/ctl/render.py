@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from elasticd.monitor.terminal import capacity_text, render_nodes
+from elasticd.monitor.terminal import capacity_text, queue_text, render_nodes
 
 __all__ = ["render_limit_table", "render_limits", "render_pool", "render_status", "table"]
 
@@ -151,6 +151,9 @@ def render_pool(data: dict[str, Any]) -> str:
                    f"{t['reception']:g}, admission {t['admission']:g}, margin {t['compaction_margin']:g}")
         out.append(f"ledger: C={book['C']:.2f} O={book['O']:.2f} H={book['H']:.2f} "
                    f"(compacts while H > {book['trigger']:.2f}); CPU wall {group.get('cpu_wall', 1.0):g} core")
+        queue = group.get("queue")
+        if queue is not None:
+            out.append(queue_text(queue))
         held = group.get("held")
         if held:
             out.append(f"HELD by the tenant's {', '.join(held['resources'])} limit: {held['reason']}")

@@ -6,7 +6,9 @@
   present at 0 for every configured tenant, so a rate() over them has a series from the start;
 - ``elasticd_upstream_refusals_total{tenant,app,reason}``: what the front refused of an app's workers past a bound
   (``front.core.bounds``: ``head_size``, ``head_fields``, ``head_time``, ``interim``, ``framing``, ``malformed``,
-  ``connections``), once one was.
+  ``connections``), once one was;
+- ``elasticd_queue_depth{tenant,app,group}``, ``elasticd_queue_wait_seconds{tenant,app,group}`` (a histogram) and
+  ``elasticd_queue_refusals_total{tenant,app,group,reason}``: the groups' queues (``front/queueing.py``).
 
 ``collect`` runs in the metrics server's thread: it only reads copies of the dicts the event loop mutates
 (copying a dict is atomic under the GIL), and counts read while a request is being closed are at worst one
@@ -15,9 +17,9 @@ request behind.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from elasticd.front.core.counters import BOUNDS, ForwardCounters
@@ -27,11 +29,15 @@ from elasticd.histogram import cumulative_buckets
 __all__ = ["FrontCollector"]
 
 class FrontCollector(Collector):
-    __slots__ = ("_forwards", "_tenants")
+    __slots__ = ("_depths", "_forwards", "_groups", "_tenants")
 
-    def __init__(self, forwards: ForwardCounters, tenants: Callable[[], Iterable[str]]) -> None:
+    def __init__(self, forwards: ForwardCounters, tenants: Callable[[], Iterable[str]],
+                 depths: Callable[[], Mapping[str, int]] | None = None,
+                 groups: Callable[[], Iterable[tuple[str, str, str]]] | None = None) -> None:
         self._forwards = forwards
         self._tenants = tenants  # the configured tenants, for the zero-valued rejection series
+        self._depths = depths  # "tenant/app/group" → requests waiting in its queue now
+        self._groups = groups  # every routed group, for the zero-valued queue series
 
     def describe(self) -> list[Metric]:
         return []  # nothing to check at registration: the names are fixed and ours
@@ -72,3 +78,30 @@ class FrontCollector(Collector):
         for (tenant, app, reason), count in sorted(self._forwards.upstream_refusals.copy().items()):
             refusals.add_metric([tenant, app, reason], count)
         yield refusals
+        yield from self._queues()
+
+    def _queues(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily("elasticd_queue_depth", "Requests waiting in the front for a worker of the group "
+                                  "(its queue: a free slot, or a worker that is coming).",
+                                  labels=["tenant", "app", "group"])
+        wait = HistogramMetricFamily("elasticd_queue_wait_seconds", "How long each request waited in its group's "
+                                     "queue.", labels=["tenant", "app", "group"])
+        refused = CounterMetricFamily("elasticd_queue_refusals_total", "Requests answered 503 from their group's "
+                                      "queue, by reason: full (queue.max), timeout (queue.timeout), no_worker (none "
+                                      "came up).", labels=["tenant", "app", "group", "reason"])
+        depths = dict(self._depths()) if self._depths is not None else {}
+        stats = self._forwards.queues.copy()
+        names = {f"{t}/{a}/{g}" for t, a, g in self._groups()} if self._groups is not None else set()
+        for name in sorted(names | set(depths) | set(stats)):
+            labels = name.split("/")
+            depth.add_metric(labels, depths.get(name, 0))
+            queue = stats.get(name)
+            if queue is None:
+                wait.add_metric(labels, cumulative_buckets(BOUNDS, [0] * (len(BOUNDS) + 1), 0), 0.0)
+                continue
+            wait.add_metric(labels, cumulative_buckets(BOUNDS, list(queue.buckets), queue.count), queue.sum)
+            for reason, count in sorted(queue.refused.copy().items()):
+                refused.add_metric([*labels, reason], count)
+        yield depth
+        yield wait
+        yield refused

@@ -20,10 +20,10 @@ from elasticd.config.model import Address, Quotas
 from elasticd.front import serving
 from elasticd.front.client import ClientConn
 from elasticd.front.core.bounds import CONNECTIONS, MAX_HEAD_BYTES, MAX_WAITING, OPEN, WAIT, next_connection
-from elasticd.front.core.counters import ForwardCounters
-from elasticd.front.core.dispatch import Moving, NoRoom, Refuse, Target, Wake, decide, has_room
+from elasticd.front.core.counters import QUEUE_NO_WORKER, ForwardCounters
+from elasticd.front.core.dispatch import Moving, NoRoom, Queued, Refuse, Target, Wake, decide, has_room
 from elasticd.front.core.exchange import Exchange
-from elasticd.front.core.parking import PARKED_FULL, PARKED_MOVE, PARKED_WAKE, Parked, ParkingLot
+from elasticd.front.core.parking import PARKED_FULL, PARKED_MOVE, PARKED_QUEUE, PARKED_WAKE, Parked, ParkingLot
 from elasticd.front.core.quota import QuotaBook
 from elasticd.front.core.relay import (
     EVENT_FAIL,
@@ -38,6 +38,7 @@ from elasticd.front.core.relay import (
 from elasticd.front.core.routing import AppRoute, RouteTable
 from elasticd.front.core.sticky import PlaceFn, Surface, place
 from elasticd.front.links import ClientSide
+from elasticd.front.queueing import FrontQueue
 from elasticd.front.request_metrics import FrontCollector
 from elasticd.front.upstream import ConnectionPool, Upstream, UpstreamConn
 from elasticd.refusal_log import RefusalLog
@@ -56,7 +57,7 @@ _WAKE_RETRY_AFTER: Final = 5  # seconds a client is told to wait after a cold st
 _CROWDED_RETRY_AFTER: Final = 1  # seconds a client is told to wait when too many requests wait for its worker
 
 
-_ANSWERED_HERE: Final = (Refuse, Moving, Wake, NoRoom)  # what dispatch.decide answers but a forward
+_ANSWERED_HERE: Final = (Refuse, Moving, Wake, NoRoom, Queued)  # what dispatch.decide answers but a forward
 _TICKED: Final = (PARKED_WAKE, PARKED_FULL)  # the reasons the tick may end (a move's end is the move's to say)
 
 
@@ -86,9 +87,11 @@ class Front:
         "move_timeout",
         "on_backoff",
         "on_login",
+        "on_queued",
         "parked",
         "place",
         "port",
+        "queue",
         "quotas",
         "request_timeout",
         "said",
@@ -116,6 +119,7 @@ class Front:
         self.move_timeout = move_timeout  # a live move's hard deadline: no request is parked (much) longer
         # Requests that wait in the front: of users being moved, for a group at zero, for room (core/parking.py).
         self.parked: ParkingLot[ClientConn] = ParkingLot()
+        self.queue = FrontQueue(self)  # the group queues' bounds, hand-overs and timeouts
         # Asked when a request's group has no routable worker: True when one is starting (the pool's cold
         # start); None: such a request is answered 503 at once.
         self.wake: Callable[[tuple[str, str, str]], bool] | None = None
@@ -136,11 +140,14 @@ class Front:
         self.said = RefusalLog()
         self.surface = Surface(user_ttl)
         self.forwards = ForwardCounters()
+        self.forwards.on_free = self.queue.slot_free
         self.place: PlaceFn = place  # where a new (or re-placed) user goes: the reception
         # At a login (X-Elastic-Login: <name>): (group key, user, the worker that logged it in, whether it was
         # logged in already) → the worker the user lives on from now on, or None to leave it where it is. The
         # pool's reception-first keep/pass policy plugs in here.
         self.on_login: Callable[[tuple[str, str, str], str, str, bool], str | None] | None = None
+        # A request was queued for a group (every routable worker at its concurrency): the pool's burst check.
+        self.on_queued: Callable[[tuple[str, str, str]], None] | None = None
         self.unroutable: set[str] = set()  # workers found dead, until their socket accepts again
         self.conns: set[ClientConn] = set()
         self.stopping = False
@@ -176,7 +183,15 @@ class Front:
 
     def collector(self) -> FrontCollector:
         """For the metrics server's registry: requests, latency and quota refusals."""
-        return FrontCollector(self.forwards, lambda: list(self.quotas.tenants))
+        return FrontCollector(self.forwards, lambda: list(self.quotas.tenants), self.queue.depths, self.groups)
+
+    def groups(self) -> list[tuple[str, str, str]]:
+        """Every routed group, as (tenant, app, group)."""
+        return [(r.tenant, r.app, g) for r in self._routes.routes() for g in sorted(r.groups or {r.group})]
+
+    def workers_of(self, tenant: str, app: str, group: str) -> Sequence[Upstream]:
+        """The group's routable workers (the supervisor's view: those the front found dead are in ``unroutable``)."""
+        return self._workers(tenant, app, group)
 
     # ------------------------------------------------------------------ life
 
@@ -275,9 +290,18 @@ class Front:
             if client.transport is None or ex.phase is not PHASE_FORWARDING or ex.conn is not None:
                 continue  # answered or gone meanwhile
             try:
-                self.relay_failed(client, ex, 502, "the worker could not be reached")
+                self._not_sent(client, ex)
             except RelayError as exc:
                 client.fail_closed(exc)
+
+    def _not_sent(self, client: ClientConn, ex: Exchange) -> None:
+        """``ex`` never reached its worker (its connection was refused, or it waited for one to a worker found
+        gone): nothing of it was sent, so it is decided again, once, whatever its method — another worker, or a
+        wait for one that is coming; 502 when it was sent again already."""
+        if ex.retried:
+            self.relay_failed(client, ex, 502, "the worker could not be reached")
+        else:
+            self.retry(client, ex)
 
     def _tick_parked(self, now: float) -> None:
         """Every parked request whose reason is over goes (a cold start's worker that joined its group after a
@@ -294,8 +318,8 @@ class Front:
                     overdue = parked.release_older(reason, key, now - wait)
                     if overdue:
                         what = f"group {key}: every worker" if "/" in key else f"{key}"
-                        self._answer_parked(overdue, key, 503, f"{what} says it is full (its capacity reading)",
-                                            retry_after)
+                        self.answer_parked(overdue, key, 503, f"{what} says it is full (its capacity reading)",
+                                           retry_after)
         for name in parked.overdue(PARKED_WAKE, now, self.request_timeout):
             tenant, app, group = name.split("/")
             log.warning("front: group %s did not get a routable worker within the request timeout (%gs): "
@@ -305,6 +329,8 @@ class Front:
             # The move's own deadline should have released them: whatever became of it, they go on.
             log.warning("front: requests of %s parked past the move timeout (%gs): released", user, self.move_timeout)
             self.release(user)
+        if parked.count(PARKED_QUEUE):
+            self.queue.tick(now)
 
     def _may_go(self, reason: Parked, key: str, now: float) -> bool:
         """Whether the requests parked under (``reason``, ``key``) may be decided again now (a MOVE's end is the
@@ -359,9 +385,11 @@ class Front:
                 self.surface.expire(now)
                 for request in self.forwards.sweep(now - self.stale_after):
                     # A leaked entry (only a bug leaves one): its quota slot goes with it.
-                    quota = cast(Exchange, request).quota
-                    if quota is not None:
-                        quota.leave()
+                    swept = cast(Exchange, request)
+                    if swept.quota is not None:
+                        swept.quota.leave()
+                    if swept.counters is not None:
+                        self.forwards.ended(swept.counters)
                 self._next_expiry = now + min(60.0, self.surface.ttl / 4, self.stale_after / 2)
         except Exception:  # the next tick must come whatever failed in this one: timeouts depend on it
             log.exception("front: the periodic tick failed")
@@ -400,12 +428,15 @@ class Front:
         # instant on the connection: no second clock read per request.
         now = client.active_at
         decision = decide(target, ex.head, now, self._workers, self.unroutable, self.surface, self.place,
-                          self.forwards, self.kept, self.wake, self.full)
+                          self.forwards, self.kept, self.wake, self.full, self.forwards.saturated)
         if isinstance(decision, _ANSWERED_HERE):  # (one C call for a forward, the common case)
             if isinstance(decision, Refuse):
                 self._refuse(client, ex, decision.status, decision.text, retry_after=decision.retry_after)
+            elif isinstance(decision, Queued):
+                assert target is not None
+                self.queue.enqueue(decision, target, client, ex, now)
             else:
-                self._park(decision, client, ex, now)
+                self._park(decision, target, client, ex, now)
             return
         assert target is not None
         upstream, ex.user, ex.entry, ex.cookie_line, ex.quota, ex.group = decision
@@ -417,9 +448,11 @@ class Front:
         if pool is None or pool.path != upstream.socket_path:
             self._drop_pool(upstream.worker_id)
             counters = self.forwards.worker(upstream.worker_id)
-            pool = self._pools[upstream.worker_id] = ConnectionPool(upstream, counters,
-                                                                    target.route.concurrency_of(ex.group))
+            concurrency = target.route.concurrency_of(ex.group)
+            pool = self._pools[upstream.worker_id] = ConnectionPool(upstream, counters, concurrency)
             pool.on_room = self._room_in
+            counters.group = f"{target.route.tenant}/{target.route.app}/{ex.group}"
+            self.forwards.bound(counters, concurrency)
         ex.counters = pool.counters
         idle = pool.idle  # pool.take(), its common case inlined: the most recently used, still open
         conn = idle.pop() if idle else None
@@ -436,12 +469,19 @@ class Front:
         else:
             self._open_or_wait(client, ex, pool)
 
-    def _park(self, decision: Moving | Wake | NoRoom, client: ClientConn, ex: Exchange, now: float) -> None:
+    def _park(self, decision: Moving | Wake | NoRoom, target: Target | None, client: ClientConn, ex: Exchange,
+              now: float) -> None:
+        if isinstance(decision, Wake):
+            name = _group_name(decision.key)
+            assert target is not None
+            if self.queue.admits(name, target, decision.key[2], client, ex):
+                ex.advance(EVENT_PARK)
+                ex.ts = now  # (its wait is counted from here; a forward sets ts anew)
+                self.parked.park(PARKED_WAKE, name, client, ex, now)
+            return
         ex.advance(EVENT_PARK)
         if isinstance(decision, Moving):
             self.parked.park(PARKED_MOVE, decision.user, client, ex, now)
-        elif isinstance(decision, Wake):
-            self.parked.park(PARKED_WAKE, _group_name(decision.key), client, ex, now)
         else:
             self.parked.park(PARKED_FULL, decision.key, client, ex, now, retry_after=decision.retry_after,
                              wait=decision.wait)
@@ -453,18 +493,32 @@ class Front:
         return self._dispatch_parked(self.parked.release(PARKED_MOVE, user), user)
 
     def woke(self, key: tuple[str, str, str]) -> int:
-        """A worker of a group at zero came up: the requests waiting for it are dispatched, oldest first."""
+        """A worker of the group became routable: the requests waiting for one (a cold start, a restart) are
+        dispatched, oldest first, and the group's queue gets the new worker's slots."""
         name = _group_name(key)
-        return self._dispatch_parked(self.parked.release(PARKED_WAKE, name), name)
+        woken = self.parked.release(PARKED_WAKE, name)
+        if woken:
+            stats, now = self.forwards.queue(name), self.clock()
+            for _, ex in woken:
+                stats.waited(now - ex.ts)
+        went = self._dispatch_parked(woken, name)
+        if self.parked.holds(PARKED_QUEUE, name):
+            went += self.queue.drain(name)
+        return went
 
     def wake_failed(self, key: tuple[str, str, str], why: str) -> int:
         """The group's worker did not come up (its start failed, or not within ``request_timeout``): each
         request waiting for it is answered 503 with a Retry-After."""
         name = _group_name(key)
-        return self._answer_parked(self.parked.release(PARKED_WAKE, name), name, 503,
-                                   f"{key[0]}/{key[1]}: group {key[2]}: {why}", _WAKE_RETRY_AFTER)
+        waited = self.parked.release(PARKED_WAKE, name)
+        if waited:
+            stats, now = self.forwards.queue(name), self.clock()
+            for _, ex in waited:
+                stats.waited(now - ex.ts)
+                stats.refuse(QUEUE_NO_WORKER)
+        return self.answer_parked(waited, name, 503, f"{key[0]}/{key[1]}: group {key[2]}: {why}", _WAKE_RETRY_AFTER)
 
-    def _answer_parked(self, parked: list[tuple[ClientConn, Exchange]], what: str, status: int, text: str,
+    def answer_parked(self, parked: list[tuple[ClientConn, Exchange]], what: str, status: int, text: str,
                      retry_after: int) -> int:
         """Parked requests answered by the front (with ``status``), oldest first."""
         answered = 0
@@ -500,19 +554,20 @@ class Front:
         return released
 
     def retry(self, client: ClientConn, ex: Exchange) -> None:
-        """Send ``ex`` once more, on a new connection to the same worker (its relay allowed it)."""
-        pool = self._pools.get(ex.worker) if ex.worker is not None else None
-        if pool is None:  # the worker's pool went meanwhile (found dead by another request)
-            self.relay_failed(client, ex, 502, "the worker could not be reached")
-            return
-        self._open_or_wait(client, ex, pool)
+        """Send ``ex`` once more (its relay allowed it, or it was never sent): its forward undone and the request
+        decided again, so it goes to a worker that is routable now — its own again after a kept-alive connection
+        closed while idle, another (or a wait for one coming) after its worker was found dead."""
+        ex.retry(self.forwards)
+        client.released(ex)
 
     def _open_or_wait(self, client: ClientConn, ex: Exchange, pool: ConnectionPool) -> None:
         """``ex`` needs a new connection to its worker: opened while the pool is under its bound; else it waits in
         the pool for one to come free (its timeout still runs), or, with too many waiting, is answered 503."""
         route = ex.route
         if route is not None:
-            pool.bound(route.concurrency_of(ex.group))  # (a reload may have changed it)
+            concurrency = route.concurrency_of(ex.group)  # (a reload may have changed it)
+            pool.bound(concurrency)
+            self.forwards.bound(pool.counters, concurrency)
         waiting = len(pool.waiting)
         if waiting >= MAX_WAITING:
             waiting = pool.waiting_count()  # (only the ones still waiting count)
@@ -575,7 +630,7 @@ class Front:
             self.tell_of_worker(ex.worker, "connect", "%s %s: worker %s: cannot connect: %s", ex.method.decode(),
                                 ex.url.decode(errors="replace"), ex.worker, error)
             self.worker_failed(pool.worker_id, pool.path)
-            self.relay_failed(client, ex, 502, "the worker could not be reached")
+            self._not_sent(client, ex)  # (refused before a byte was sent: decided again, once)
             self._room_in(pool)  # (a pool still in use: its next waiting request tries in turn)
             return
         conn = task.result()[1]
@@ -649,4 +704,8 @@ class Front:
         self.unroutable.discard(worker_id)
         self._probes.pop(worker_id, None)
         log.info("worker %s accepts connections again: routable", worker_id)
+        counters = self.forwards.workers.get(worker_id)
+        if counters is not None and counters.group:  # (requests that waited for it, or for any worker of its group)
+            tenant, app, group = counters.group.split("/")
+            self.woke((tenant, app, group))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["bar", "capacity_text", "render_nodes", "render_population", "render_watch", "sparkline"]
+__all__ = ["bar", "capacity_text", "queue_text", "render_nodes", "render_population", "render_watch", "sparkline"]
 
 _FULL, _EMPTY = "█", "·"
 _TICKS = "▁▂▃▄▅▆▇█"
@@ -46,6 +46,14 @@ def capacity_text(capacity: dict[str, Any] | None) -> str:
     return text
 
 
+def queue_text(queue: dict[str, Any]) -> str:
+    """A group's queue in the front (``GET …/pool``'s ``queue``): waiting now of its max, its timeout, how many
+    waited, and the 503s it answered by reason."""
+    refused = ", ".join(f"{count} {reason}" for reason, count in sorted(queue["refused"].items())) or "none"
+    return (f"queue: {queue['depth']} waiting (max {queue['max']}, timeout {queue['timeout']:g}s); "
+            f"{queue['waited']} waited so far; refused 503: {refused}")
+
+
 def render_nodes(name: str, group: dict[str, Any]) -> list[str]:
     """A nodes: group: HTTP upstreams routed, sticky and admitted like workers, never spawned."""
     rows = [[n["id"], n["address"], "routable" if n["routable"] else "unreachable", str(n["open"]),
@@ -76,6 +84,8 @@ def render_watch(data: dict[str, Any], at: str, interval: float, bar_width: int 
         out.append(f"group {name}: {len(group['workers'])} workers (min {t['min_workers']}, max "
                    f"{t['max_workers'] or 'unbounded'})   C={book['C']:.2f} O={book['O']:.2f} H={book['H']:.2f} "
                    f"(compacts while H > {book['trigger']:.2f})")
+        if group.get("queue") is not None:
+            out.append("  " + queue_text(group["queue"]))
         if group.get("held"):
             out.append(f"  HELD by the tenant's {', '.join(group['held']['resources'])} limit: "
                        f"{group['held']['reason']}")

@@ -37,18 +37,21 @@ def drain_verdict(now: float, started: float, *, open_requests: int, tunnels: in
 
 
 def replacement_for_drain(worker_id: str, *, staying: int, floor: int, counted: int, max_workers: int | None,
-                          stopping: bool = False) -> str | None:
+                          stopping: bool = False, recycled: str | None = None) -> str | None:
     """Why a replacement must start before ``worker_id`` is drained away (None: the ``staying`` workers keep the
-    group's floor). ValueError when one is needed but cannot start: elasticd is stopping, or the cap (``cap.py``)
-    leaves no room even counting the replacement in the drained worker's place. The worker then stays as it is,
-    with its users."""
-    if staying >= floor:
+    group's floor). A recycled worker (``recycled``: why, ``recycling.recycle_reason``) is always replaced: it is
+    taken out for what its process became, not because the group needs one fewer. ValueError when one is needed
+    but cannot start: elasticd is stopping, or the cap (``cap.py``) leaves no room even counting the replacement in
+    the drained worker's place. The worker then stays as it is, with its users."""
+    if staying >= floor and recycled is None:
         return None
     if stopping:
         raise ValueError(refused_while_stopping(worker_id))
     if not may_start(max_workers, counted, replacing=1):
         raise ValueError(f"no replacement for {worker_id} can start: the group counts {counted} workers, max_workers "
                          f"{max_workers}: it is kept, with its users")
+    if recycled is not None:
+        return f"replaces {worker_id}, recycled: {recycled}"
     return f"replaces {worker_id}, drained by an operator, to keep min_workers {floor}"
 
 

@@ -53,7 +53,7 @@ class Changes:
 class WorkerReadings:
     """What a group's workers measure, by worker id."""
 
-    __slots__ = ("capacity", "occupancy", "rss", "sensors", "user_seconds", "wall", "windows")
+    __slots__ = ("capacity", "occupancy", "rss", "sensors", "served_from", "user_seconds", "wall", "windows")
 
     def __init__(self) -> None:
         self.windows: dict[str, Window] = {}
@@ -67,6 +67,9 @@ class WorkerReadings:
         self.sensors: dict[str, TreeSensor] = {}
         self.wall = 1.0  # the CPU one worker of the group can use: min(1 core, the tenant's cpu.max)
         self.user_seconds: dict[str, float] = {}  # user → cumulative seconds at the last ledger check
+        # Each worker's forward count when its process became routable: what it has served since is what
+        # pool.max_requests counts (a restart keeps the worker's counters, and starts its count anew).
+        self.served_from: dict[str, int] = {}
 
     def archive(self, worker_id: str, row: Row, memory_limit: int | None) -> None:
         window = self.windows.setdefault(worker_id, Window())
@@ -97,14 +100,14 @@ class WorkerReadings:
         return sum(values) / len(values) if values else None
 
     def forget(self, worker_id: str) -> None:
-        for readings in (self.windows, self.occupancy, self.capacity, self.rss, self.sensors):
+        for readings in (self.windows, self.occupancy, self.capacity, self.rss, self.sensors, self.served_from):
             readings.pop(worker_id, None)
 
 
 class Flight:
     """A group's changes under way."""
 
-    __slots__ = ("_changes", "cold", "draining", "owed", "spawning")
+    __slots__ = ("_changes", "cold", "draining", "owed", "recycled", "spawning")
 
     def __init__(self, changes: Changes) -> None:
         self._changes = changes
@@ -112,6 +115,7 @@ class Flight:
         self.cold: dict[str, float] = {}  # worker → when its cold start began (a request waits for it)
         # A cold start owed to a waiting request, begun once the workers being retired have stopped (cap.py).
         self.owed = False
+        self.recycled: set[str] = set()  # workers whose recycle was decided (once per process: see check_recycle)
         self.draining: frozenset[str] = frozenset()  # see the module's note: changed only below
 
     def drain(self, worker_ids: frozenset[str] | set[str]) -> None:
@@ -126,6 +130,7 @@ class Flight:
     def forget(self, worker_id: str) -> None:
         self.cold.pop(worker_id, None)  # (a cold start that failed: not starting any more)
         self.spawning.discard(worker_id)
+        self.recycled.discard(worker_id)
 
 
 @dataclass(slots=True)
@@ -138,6 +143,7 @@ class Book:
     hold: PoolDecision | None = None  # the decision that started the hold (its reason and numbers)
     last_active: float = 0.0  # when a request to it was last seen (the sensing tick's count moved)
     last_requests: int = -1  # its forward count at the last tick
+    burst_at: float = float("-inf")  # when its short signal was last high (requests waiting: policy.check_burst)
     wall: Callable[[], float] = time.time  # the journal's clock: wall-clock seconds, for people
 
     def record(self, decision: PoolDecision) -> None:

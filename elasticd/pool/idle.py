@@ -67,7 +67,7 @@ class WakeVerdict(StrEnum):
     START = "start"  # none is coming: one starts now, and the request waits for it (a cold start)
     COMING = "coming"  # a start is in flight (a cold start's, a restart, a reload's launch): wait for it
     AFTER_RETIRE = "after-retire"  # at the cap only through workers being retired: wait, start once they stopped
-    DEAD = "dead"  # routable workers exist, which the front found dead: 503, as ever
+    DEAD = "dead"  # routable workers exist, which the front found dead: wait (the exit notice or their socket comes)
     FAILED = "failed"  # its workers failed (a crash loop): 503 until a reload
     AT_CAP = "at-cap"  # max_workers is reached by workers that are staying: 503
 
@@ -76,7 +76,10 @@ class WakeVerdict(StrEnum):
         return self in _WAITING
 
 
-_WAITING = frozenset({WakeVerdict.START, WakeVerdict.COMING, WakeVerdict.AFTER_RETIRE})
+# Every verdict but these two has the request wait in the front: a worker is coming, or will be found alive (a
+# worker the front found dead is exited, and restarting, by the time the supervisor's exit notice catches up; one
+# whose socket accepts again is routable again). Only a crash loop or a cap held by workers that stay answer 503.
+_WAITING = frozenset({WakeVerdict.START, WakeVerdict.COMING, WakeVerdict.AFTER_RETIRE, WakeVerdict.DEAD})
 
 
 def wake_rule(workers: Iterable[tuple[WorkerState, bool, bool]], *, launching: bool, counted: int,
@@ -87,7 +90,8 @@ def wake_rule(workers: Iterable[tuple[WorkerState, bool, bool]], *, launching: b
     # (one a retire took out of the list and is stopping is not among ``workers``, but ``counted`` still counts it)
     if any(routable for _, routable in staying):
         return WakeVerdict.DEAD
-    if launching or any(state in COMING for state, _ in staying):
+    # (an exited one is restarting, or failing: the run loop says which in a moment, and a failure answers 503 then)
+    if launching or any(state in COMING or state is WorkerState.EXITED for state, _ in staying):
         return WakeVerdict.COMING
     if any(state is WorkerState.FAILED for state, _ in staying):
         return WakeVerdict.FAILED

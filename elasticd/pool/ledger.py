@@ -22,8 +22,8 @@ from elasticd.config.model import PoolSettings
 from elasticd.pool.evaluator import SMOOTHING_ROWS
 from elasticd.pool.policy import PoolDecision, WorkerView, check_scale_up
 
-__all__ = ["Compaction", "CompactionSteps", "Ledger", "compaction_steps", "ledger", "may_compact", "plan_compaction",
-           "plan_evacuation"]
+__all__ = ["Compaction", "CompactionSteps", "Ledger", "calm_rows", "compaction_steps", "ledger", "may_compact",
+           "plan_compaction", "plan_evacuation"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +126,13 @@ def may_compact(*, draining: bool, spawning: bool, rows: Sequence[int]) -> bool:
     full smoothing window. A newborn reads 0 so that it admits, but that 0 is not headroom: compacting on it
     retired workers seconds after a scale-up, under the very load that caused it (seen in the VM)."""
     return not draining and not spawning and all(n >= SMOOTHING_ROWS for n in rows)
+
+
+def calm_rows(row_times: Sequence[float], burst_at: float) -> int:
+    """A worker's readings that count for ``may_compact``: those since the group's short signal was last high
+    (``policy.check_burst``). No compaction while a burst lasts, nor until a whole window has been read after it:
+    Knative's "no scale-down in panic", measured in the seed's own window."""
+    return sum(1 for ts in row_times if ts > burst_at)
 
 
 @dataclass(frozen=True, slots=True)

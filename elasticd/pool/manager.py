@@ -54,7 +54,7 @@ LIMITED_RESOURCES = ("cpu", "memory", "pids")  # what can hold a scale-up (elast
 
 class PoolManager:
     __slots__ = ("_budget", "_changes", "_clock", "_forwards", "_groups", "_retirement", "_scaling", "_supervisor",
-                 "_surface", "_tasks", "_tick", "_waking", "_wall")
+                 "_surface", "_tasks", "_tick", "_waking", "_wall", "queued")
 
     def __init__(self, supervisor: PoolSupervisor, surface: PoolSurface, forwards: PoolForwards, *,
                  interval: float, hung_after: float | None = None,
@@ -68,6 +68,9 @@ class PoolManager:
         self._forwards = forwards
         self._budget = budget or (lambda tenant, app: UNLIMITED)
         self._clock = clock
+        # Requests waiting in the front for a group (its queue and its wake): the burst's short signal (the daemon
+        # wires the front's parking lot; none by default).
+        self.queued: Callable[[GroupKey], int] = lambda key: 0
         self._wall = wall
         self._groups: dict[GroupKey, GroupRecord] = {}
         self._changes = Changes()
@@ -229,6 +232,15 @@ class PoolManager:
             return None  # keeping is the null action: nobody is re-pointed
         return decisions[-1].worker
 
+    # ------------------------------------------------------------------ event: a request queued in the front
+
+    def on_queued(self, key: GroupKey) -> None:
+        """A request waits in the front's queue for the group (every routable worker at its concurrency): the burst
+        check, at once (``Scaling.check_burst``)."""
+        record = self._groups.get(key)
+        if record is not None:
+            self._scaling.check_burst(key, record, self._views(key, record), self.queued(key), self._clock())
+
     # ------------------------------------------------------------------ event: a request for a group at zero
 
     def wake(self, key: GroupKey) -> bool:
@@ -249,7 +261,10 @@ class PoolManager:
     def on_routable(self, worker_id: str) -> float | None:
         """A worker became routable; the seconds its cold start took, when it was one."""
         found = self._find(worker_id)
-        return self._waking.on_routable(found[0], found[1], worker_id) if found is not None else None
+        if found is None:
+            return None
+        found[1].readings.served_from[worker_id] = self._forwards.worker(worker_id).requests
+        return self._waking.on_routable(found[0], found[1], worker_id)
 
     # ------------------------------------------------------------------ event: a report, or a capacity reading
 
@@ -276,8 +291,10 @@ class PoolManager:
         readings.archive(worker_id, Row(now, report, ForwardSnapshot(counters.requests, counters.errors,
                                                                      counters.seconds)), record.pool.memory_limit)
         views = self._views(key, record)
+        self._scaling.check_burst(key, record, views, self.queued(key), now)
         self._scaling.check_scale_up(key, record, views, budget)
         self._scaling.check_ledger(key, record, views)
+        self._retirement.check_recycle(key, record, worker_id, counters.requests, report.rss)
 
     def on_capacity(self, worker_id: str, key: GroupKey, ratio: float | None) -> None:
         """A worker's capacity reading changed (None: it has none now). A reading at its limit is checked for a

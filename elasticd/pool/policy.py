@@ -14,6 +14,9 @@ decision out. Every decision carries its reason and the numbers behind it, for t
    reception is over its keep threshold. Guards: a spawn in flight (wait for it); ``max_workers`` (``cap.py``: the
    one definition of what it counts, shared with the cold start, the drain and the agent); and the cgroup
    budget: a scale-up a tenant's limit would starve is HELD, with the limit's numbers.
+4. The burst (``check_burst``): requests waiting in the front's queue, or in a worker's executor, grow the group at
+   once under the same guards; while they wait, and until a whole window of readings has come since, the ledger
+   compacts nothing (``ledger.calm_rows``): the window stays the rule for compaction and steady state.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from elasticd.config.model import PoolSettings
 from elasticd.pool.budget import LimitBinding
 from elasticd.pool.cap import may_start
 
-__all__ = ["PoolDecision", "WorkerView", "admit", "check_scale_up", "next_hold", "place_login"]
+__all__ = ["PoolDecision", "WorkerView", "admit", "check_burst", "check_scale_up", "next_hold", "place_login"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +40,7 @@ class WorkerView:
 
 @dataclass(frozen=True, slots=True)
 class PoolDecision:
-    kind: str  # keep | pass | admit | fallback | scale-up | held | compaction | retire | hung
+    kind: str  # keep | pass | admit | fallback | scale-up | held | compaction | retire | hung | recycle
     worker: str | None
     reason: str
     numbers: Mapping[str, Any] = field(default_factory=dict)
@@ -114,6 +117,32 @@ def check_scale_up(workers: Sequence[WorkerView], pool: PoolSettings, *, spawnin
         because = "; ".join(hold.reason for hold in holds)
         return PoolDecision("held", None, f"{reason}, but held by the tenant's limit: {because}",
                         {**numbers, "limits": limits})
+    return PoolDecision("scale-up", None, reason, numbers)
+
+
+def check_burst(workers: Sequence[WorkerView], pool: PoolSettings, *, waiting: int, executor_waiting: int,
+                starting: int, counted: int, holds: Sequence[LimitBinding] = (),
+                measuring: bool = False) -> PoolDecision | None:
+    """The short signal, beside rule 3's window: requests wait in the front's queue for the group (``waiting``: its
+    every routable worker is at its concurrency), or a worker's executor says requests wait for it
+    (``executor_waiting``, from the latest reports): the group grows now, rather than after the window's average has
+    climbed (Knative's panic mode, uWSGI's cheaper-busyness on a listen-queue alert). One start at a time
+    (``starting``: started, not yet routable), under ``max_workers``, held by a binding limit as rule 3 is. A group
+    with no routable worker is the cold start's (``idle.wake_rule``), not this."""
+    if not workers or (waiting <= 0 and executor_waiting <= 0):
+        return None
+    if starting or not may_start(pool.max_workers, counted) or measuring:
+        return None
+    numbers: dict[str, Any] = {"occupancies": _occupancies(workers), "workers": len(workers), "counted": counted,
+                               "waiting": waiting, "executor_waiting": executor_waiting,
+                               "max_workers": pool.max_workers}
+    reason = (f"burst: {waiting} requests wait in the front for a free slot" if waiting > 0 else
+              f"burst: {executor_waiting} requests wait in its workers' executors")
+    if holds:
+        limits = {hold.resource: dict(hold.numbers) for hold in holds}
+        because = "; ".join(hold.reason for hold in holds)
+        return PoolDecision("held", None, f"{reason}, but held by the tenant's limit: {because}",
+                            {**numbers, "limits": limits})
     return PoolDecision("scale-up", None, reason, numbers)
 
 

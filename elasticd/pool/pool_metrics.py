@@ -17,7 +17,7 @@ from elasticd.pool.move_machine import DURATION_BOUNDS, MoveStats, Outcome
 __all__ = ["PoolCollector"]
 
 DECISIONS = ("keep", "pass", "admit", "fallback", "scale-up", "held", "compaction", "move", "move-aborted", "retire",
-             "hung")
+             "hung", "recycle")
 
 
 class PoolCollector(Collector):

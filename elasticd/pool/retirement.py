@@ -1,5 +1,5 @@
-"""ACT: taking workers out of a group — compaction's, the idle retire's and an operator's drain. The decisions
-were made before (``ledger``, ``idle``, ``drain``); this carries them out, over time:
+"""ACT: taking workers out of a group — compaction's, the idle retire's, an operator's drain and a recycle. The
+decisions were made before (``ledger``, ``idle``, ``drain``, ``recycling``); this carries them out, over time:
 
 - a worker taken out gets no new requests at once (``Flight.drain``: the routable lists leave it out);
 - its users move off, one at a time, idle ones first (live moves, ``evacuate``), or are re-pointed when there is
@@ -27,6 +27,7 @@ from elasticd.pool.group_record import GroupRecord
 from elasticd.pool.ledger import CompactionSteps, plan_evacuation
 from elasticd.pool.policy import PoolDecision, WorkerView
 from elasticd.pool.ports import GroupKey, PoolForwards, PoolSupervisor, PoolSurface
+from elasticd.pool.recycling import recycle_reason, requests_limit
 from elasticd.pool.user_loads import user_loads
 
 __all__ = ["Retirement"]
@@ -86,20 +87,47 @@ class Retirement:
 
     # ------------------------------------------------------------------ an operator's drain
 
-    def drain(self, key: GroupKey, record: GroupRecord, worker_id: str) -> asyncio.Task[Evacuation]:
-        """Begin ``elasticctl drain``: reserved before anything is awaited (a second drain of it is refused)."""
+    def drain(self, key: GroupKey, record: GroupRecord, worker_id: str,
+              recycled: str | None = None) -> asyncio.Task[Evacuation]:
+        """Begin ``elasticctl drain`` (or a recycle: ``recycled`` says why): reserved before anything is awaited (a
+        second drain of it is refused)."""
         views = self._views(key, record)
         loads = self.user_loads(record, views).get(worker_id, {})
         users = [user for user, _ in self._surface.on(worker_id)]
         self._begin_emptying(record, worker_id, users)
-        return self._spawn(self._drain(key, record, worker_id, users, loads), f"drain {worker_id}")
+        what = f"recycle {worker_id}" if recycled is not None else f"drain {worker_id}"
+        return self._spawn(self._drain(key, record, worker_id, users, loads, recycled), what)
+
+    # ------------------------------------------------------------------ recycling
+
+    def check_recycle(self, key: GroupKey, record: GroupRecord, worker_id: str, requests: int,
+                      rss: int | None) -> None:
+        """At a report: the worker's process past ``max_requests`` served or ``max_rss`` is replaced as a drain
+        replaces one (``recycling``: pure), once — a refused recycle is not asked again until it restarts."""
+        pool, flight = record.pool, record.flight
+        if pool.max_requests is None and pool.max_rss is None:
+            return
+        since = record.readings.served_from.get(worker_id)
+        if since is None or worker_id in flight.recycled or worker_id in flight.draining:
+            return  # not routable yet in this process, or recycled (or drained) already
+        reason = recycle_reason(served=requests - since, rss=rss, limit=requests_limit(pool.max_requests, worker_id),
+                                max_rss=pool.max_rss, changing=bool(flight.draining or flight.spawning))
+        if reason is None:
+            return
+        flight.recycled.add(worker_id)
+        record.book.record(PoolDecision("recycle", worker_id, reason,
+                                        {"served": requests - since, "rss": rss, "max_requests": pool.max_requests,
+                                         "max_rss": pool.max_rss}))
+        log.info("pool %s: recycling %s: %s", "/".join(key), worker_id, reason)
+        self.drain(key, record, worker_id, recycled=reason)
 
     async def _drain(self, key: GroupKey, record: GroupRecord, worker_id: str, users: Sequence[str],
-                     loads: Mapping[str, float]) -> Evacuation:
+                     loads: Mapping[str, float], recycled: str | None = None) -> Evacuation:
         try:
             staying = sum(1 for w in self._supervisor.workers_of(key) if w.id != worker_id)
             why = replacement_for_drain(worker_id, staying=staying, floor=record.settings.floor,
-                                        counted=self._supervisor.counted(key), max_workers=record.pool.max_workers)
+                                        counted=self._supervisor.counted(key), max_workers=record.pool.max_workers,
+                                        recycled=recycled)
             if why is not None:
                 replacement = self._supervisor.add_worker(key)
                 if replacement is None:  # elasticd is stopping (or the group going): the worker stays as it is

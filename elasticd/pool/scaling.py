@@ -3,8 +3,11 @@
 - the scale-up check: gather what is starting or not yet measured, the tenant's cgroup budget and what one more
   worker would add to it; decide (``policy.check_scale_up``, ``policy.next_hold``: pure); act — start a worker, or
   journal a new hold once;
-- the capacity ledger: gather the group's occupancies and each user's share; decide (``ledger.may_compact``,
-  ``plan_compaction``, ``compaction_steps``: pure); act — hand the compaction to ``retirement``.
+- the burst check: gather the front's queue and the workers' executor queues; decide (``policy.check_burst``:
+  pure); act as the scale-up does;
+- the capacity ledger: gather the group's occupancies and each user's share, counting only the readings since the
+  last burst; decide (``ledger.calm_rows``, ``may_compact``, ``plan_compaction``, ``compaction_steps``: pure); act —
+  hand the compaction to ``retirement``.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from elasticd.pool.budget import Budget, limit_bindings
 from elasticd.pool.evaluator import SMOOTHING_ROWS
 from elasticd.pool.group_record import GroupRecord
-from elasticd.pool.ledger import compaction_steps, may_compact, plan_compaction
-from elasticd.pool.policy import PoolDecision, WorkerView, check_scale_up, next_hold
+from elasticd.pool.ledger import calm_rows, compaction_steps, may_compact, plan_compaction
+from elasticd.pool.policy import PoolDecision, WorkerView, check_burst, check_scale_up, next_hold
 from elasticd.pool.ports import GroupKey, PoolSupervisor
 from elasticd.pool.retirement import Retirement
 from elasticd.supervisor.lifecycle import COUNTED
@@ -66,10 +69,50 @@ class Scaling:
             log.info("pool %s: no longer held by the tenant's %s limit", "/".join(key), ", ".join(sorted(book.bound)))
         book.bound = bound
         # act
+        self._act(key, record, decision, new, budget)
+
+    def check_burst(self, key: GroupKey, record: GroupRecord, views: Sequence[WorkerView], waiting: int,
+                    now: float) -> None:
+        """The short signal (``policy.check_burst``): requests wait in the front's queue (``waiting``) or in a
+        worker's executor. Asked as a request is queued and at each report; the budget is read only when the cheap
+        guards let a start through (a queued burst asks this for every request)."""
+        # gather
+        flight, readings, book = record.flight, record.readings, record.book
+        executor_waiting = 0
+        for view in views:
+            window = readings.windows.get(view.id)
+            executor = window.rows[-1].report.executor if window is not None and window.rows else None
+            if executor is not None and executor.queue_depth:
+                executor_waiting += executor.queue_depth
+        if waiting <= 0 and executor_waiting <= 0:
+            return
+        book.burst_at = now
+        routable = {view.id for view in views}
+        starting = sum(1 for wid in flight.spawning if wid not in routable)
+        counted = self._supervisor.counted(key)
+        # decide: first on what costs nothing to know, then with the tenant's budget when a start may follow
+        if check_burst(views, record.pool, waiting=waiting, executor_waiting=executor_waiting, starting=starting,
+                       counted=counted) is None:
+            return
+        budget = self._budget(key[0], key[1])
+        rss = readings.mean_rss(views) if budget.memory_max is not None else None
+        binding = limit_bindings(budget, record.pool, worker_rss=rss,
+                                 worker_pids=self._pids_per_worker(key[0], budget) if budget.pids_max else None)
+        decision = check_burst(views, record.pool, waiting=waiting, executor_waiting=executor_waiting,
+                               starting=starting, counted=counted, holds=binding, measuring=budget.pending)
+        bound, new = next_hold(book.bound, binding, decision, measuring=budget.pending)
+        book.bound = bound
+        # act
+        self._act(key, record, decision, new, budget)
+
+    def _act(self, key: GroupKey, record: GroupRecord, decision: PoolDecision | None, new_hold: bool,
+             budget: Budget) -> None:
+        """A scale-up decision carried out: a worker started, or a new hold journaled once."""
         if decision is None:
             return
+        book, flight = record.book, record.flight
         if decision.kind == "held":
-            if new:  # a new hold (or another limit): one journal entry, one log line
+            if new_hold:  # a new hold (or another limit): one journal entry, one log line
                 book.hold = decision
                 book.record(decision)
                 log.warning("pool %s: scale-up held: %s", "/".join(key), decision.reason)
@@ -94,9 +137,10 @@ class Scaling:
         flight, settings = record.flight, record.settings
         if flight.draining or flight.spawning:
             return  # (may_compact's first rule, asked before the rows are counted: this runs at every report)
-        windows = record.readings.windows
+        windows, burst_at = record.readings.windows, record.book.burst_at
         if not may_compact(draining=False, spawning=False,
-                           rows=[len(windows[view.id].rows) if view.id in windows else 0 for view in views]):
+                           rows=[calm_rows([row.ts for row in windows[view.id].rows], burst_at)
+                                 if view.id in windows else 0 for view in views]):
             return
         loads_by_worker = self._retirement.user_loads(record, views)
         # (the group's floor: an old group of a blue/green switch compacts below its min_workers as users leave)

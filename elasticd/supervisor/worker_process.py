@@ -85,6 +85,7 @@ class Worker:
         "on_state",
         "policy",
         "restarts",
+        "served",
         "socket_path",
         "spec",
         "started_at",
@@ -106,6 +107,10 @@ class Worker:
         self.token = ""
         self.state = WorkerState.NEW
         self.restarts = 0
+        # Whether its latest process became routable: an exit of one that did not is a start that failed (a broken
+        # command), and the requests waiting for its group are answered at once; one that served and exited (killed,
+        # crashed) is restarting, and they wait for it.
+        self.served = False
         self.started_at: float | None = None
         self.policy = policy or RestartPolicy()
         self.on_state: Callable[[Worker], None] | None = None
@@ -385,6 +390,10 @@ class Worker:
         if state is self.state:
             return
         self.state = transition(self.state, state, self.id)
+        if state is WorkerState.RUNNING:
+            self.served = True
+        elif state is WorkerState.STARTING:
+            self.served = False
         if self.on_state is not None:
             self.on_state(self)
 

@@ -34,7 +34,6 @@ from elasticd.front.core.relay import (
     CLOSEMODE_KEEP,
     CLOSEMODE_LINGER,
     FAILURE_LATE,
-    FAILURE_RETRY,
     PHASE_DONE,
     PHASE_FORWARDING,
     PHASE_PARKED,
@@ -404,13 +403,12 @@ class ClientRelay:
                 or self.upgrading is ex)
 
     def worker_lost(self, ex: Exchange, *, reused: bool, received: bool) -> Failure:
-        """The worker's connection ended before the answer did: RETRY (``ex`` is ready to be sent again),
-        BAD_GATEWAY, CUT (the shell settles and cuts) or LATE (nothing to do)."""
+        """The worker's connection ended before the answer did: RETRY (the shell sends ``ex`` again:
+        ``Exchange.retry`` undoes its forward), BAD_GATEWAY, CUT (the shell settles and cuts) or LATE (nothing to
+        do)."""
         failure = upstream_lost(ex.phase, reused=reused, received=received, retried=ex.retried,
                                 has_body=ex.head.has_body, method=ex.method, upgrading=self.upgrading is ex)
-        if failure is FAILURE_RETRY:
-            ex.retry()
-        elif failure is not FAILURE_LATE:
+        if failure is not FAILURE_LATE:
             ex.conn = None
         return failure
 

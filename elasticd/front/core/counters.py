@@ -15,10 +15,11 @@ Everything here is read by other threads only through copies (the metrics page r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Final, Protocol
 
-__all__ = ["BOUNDS", "ForwardCounters", "OpenRequest", "RouteStats", "WorkerCounters", "bucket"]
+__all__ = ["BOUNDS", "QUEUE_FULL", "QUEUE_NO_WORKER", "QUEUE_TIMEOUT", "ForwardCounters", "OpenRequest", "QueueStats",
+           "RouteStats", "WorkerCounters", "bucket"]
 
 # Prometheus' default buckets: fine where a proxied request lives (ms to seconds).
 BOUNDS: Final[tuple[float, ...]] = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -41,9 +42,17 @@ class OpenRequest(Protocol):
 
 
 class WorkerCounters:
-    __slots__ = ("answered", "errors", "requests", "seconds")
+    __slots__ = ("answered", "concurrency", "errors", "group", "in_flight", "requests", "seconds", "worker")
 
-    def __init__(self) -> None:
+    def __init__(self, worker: str = "") -> None:
+        self.worker = worker
+        # Requests forwarded to it and not yet ended, against its group's ``concurrency``: at or over it the worker
+        # is saturated (``ForwardCounters.saturated``) and the group's next requests wait in the front's queue.
+        # The front sets ``concurrency`` and ``group`` ("tenant/app/group") when it first forwards to the worker;
+        # until then nothing saturates it.
+        self.in_flight = 0
+        self.concurrency = 1 << 30
+        self.group = ""
         self.requests = 0
         self.errors = 0
         self.seconds = 0.0
@@ -92,11 +101,46 @@ class RouteStats:
         self.sum += seconds
 
 
+class QueueStats:
+    """One group's queue (core/parking.py's WAKE and QUEUE): how long each request waited there (a histogram,
+    per-bucket counts as ``RouteStats``'), and the requests answered 503 from it, by reason."""
+
+    __slots__ = ("buckets", "count", "refused", "sum")
+
+    def __init__(self) -> None:
+        self.buckets = [0] * (len(BOUNDS) + 1)
+        self.count = 0
+        self.sum = 0.0
+        self.refused: dict[str, int] = {}
+
+    def waited(self, seconds: float) -> None:
+        self.buckets[bucket(seconds)] += 1
+        self.count += 1
+        self.sum += seconds
+
+    def refuse(self, reason: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+
+
+# Why a request was answered 503 from its group's queue (``elasticd_queue_refusals_total{reason}``).
+QUEUE_FULL: Final = "full"  # queue.max requests waited already
+QUEUE_TIMEOUT: Final = "timeout"  # it waited queue.timeout for a slot
+QUEUE_NO_WORKER: Final = "no_worker"  # no worker came up for it (a failed start, or none within request_timeout)
+
+
 class ForwardCounters:
-    __slots__ = ("_next_id", "open", "rejections", "routes", "routing", "upstream_refusals", "workers")
+    __slots__ = ("_next_id", "on_free", "open", "queues", "rejections", "routes", "routing", "saturated",
+                 "upstream_refusals", "workers")
 
     def __init__(self) -> None:
         self.workers: dict[str, WorkerCounters] = {}
+        # The workers with as many requests in flight as their concurrency: dispatch queues the requests they would
+        # take (empty in the common case, so a request pays one truthiness test for it).
+        self.saturated: set[str] = set()
+        # Told when a saturated worker has room again; it says whether the worker leaves ``saturated`` now (True)
+        # or stays in it until the front's queue has given the room to a request that waited (False). None: at
+        # once.
+        self.on_free: Callable[[WorkerCounters], bool] | None = None
         self.open: dict[int, OpenRequest] = {}
         self.routes: dict[tuple[str, str], RouteStats] = {}
         self.rejections: dict[tuple[str, str], int] = {}  # (tenant, reason) → count
@@ -106,6 +150,7 @@ class ForwardCounters:
         # (tenant, app, reason) → count: answers of its workers refused past a bound, and requests refused because
         # too many waited for a worker's connections (``bounds``' reasons)
         self.upstream_refusals: dict[tuple[str, str, str], int] = {}
+        self.queues: dict[str, QueueStats] = {}  # "tenant/app/group" → its queue's waits and refusals
         self._next_id = 0
 
     # ------------------------------------------------------------------ the forward path
@@ -113,8 +158,43 @@ class ForwardCounters:
     def worker(self, worker_id: str) -> WorkerCounters:
         counters = self.workers.get(worker_id)
         if counters is None:
-            counters = self.workers[worker_id] = WorkerCounters()
+            counters = self.workers[worker_id] = WorkerCounters(worker_id)
         return counters
+
+    def forwarded(self, counters: WorkerCounters) -> None:
+        """One more request in flight on the worker (Exchange.forward inlines this)."""
+        counters.in_flight += 1
+        if counters.in_flight >= counters.concurrency:
+            self.saturated.add(counters.worker)
+
+    def ended(self, counters: WorkerCounters) -> None:
+        """One request fewer in flight on the worker (``closed`` inlines this)."""
+        counters.in_flight -= 1
+        if self.saturated and counters.in_flight < counters.concurrency and counters.worker in self.saturated:
+            self.has_room(counters)
+
+    def bound(self, counters: WorkerCounters, concurrency: int) -> None:
+        """The worker's group's concurrency (a reload may change it): it saturates, or has room, at the new one."""
+        if counters.concurrency == concurrency:
+            return
+        counters.concurrency = concurrency
+        if counters.in_flight >= concurrency:
+            self.saturated.add(counters.worker)
+        elif counters.worker in self.saturated:
+            self.has_room(counters)
+
+    def has_room(self, counters: WorkerCounters) -> None:
+        """A saturated worker has room (a request ended, its concurrency was raised): out of ``saturated``, unless
+        the front keeps it there for a request its queue will give the room to."""
+        on_free = self.on_free
+        if on_free is None or on_free(counters):
+            self.saturated.discard(counters.worker)
+
+    def queue(self, key: str) -> QueueStats:
+        stats = self.queues.get(key)
+        if stats is None:
+            stats = self.queues[key] = QueueStats()
+        return stats
 
     def route(self, tenant: str, app: str) -> RouteStats:
         stats = self.routes.get((tenant, app))
@@ -133,6 +213,9 @@ class ForwardCounters:
         """A forwarded request ended: answered with ``status`` (the front's own 502/504, or 499 when the
         client left first) after ``seconds``."""
         self.open.pop(request_id, None)
+        counters.in_flight -= 1  # ended(), inlined
+        if self.saturated and counters.in_flight < counters.concurrency and counters.worker in self.saturated:
+            self.has_room(counters)
         counters.requests += 1
         counters.seconds += seconds
         if status >= 500:
@@ -201,6 +284,7 @@ class ForwardCounters:
 
     def forget_worker(self, worker_id: str) -> None:
         self.workers.pop(worker_id, None)
+        self.saturated.discard(worker_id)
 
     def retain_routes(self, keys: set[tuple[str, str]]) -> None:
         """After a reload: drop the stats of apps no longer routed (their series end)."""
@@ -208,6 +292,9 @@ class ForwardCounters:
             del self.routes[key]
         for routing in [k for k in self.routing if (k[0], k[1]) not in keys]:
             del self.routing[routing]
+        labels = {f"{tenant}/{app}" for tenant, app in keys}
+        for queue in [k for k in self.queues if k.rsplit("/", 1)[0] not in labels]:
+            del self.queues[queue]
         for refusal in [k for k in self.upstream_refusals if (k[0], k[1]) not in keys]:
             del self.upstream_refusals[refusal]
 

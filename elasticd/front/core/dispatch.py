@@ -28,7 +28,8 @@ from elasticd.front.core.sticky import (
     user_from_cookie,
 )
 
-__all__ = ["Forward", "Full", "Moving", "NoRoom", "Refuse", "Target", "Wake", "WorkersOf", "decide", "has_room"]
+__all__ = ["Forward", "Full", "Moving", "NoRoom", "Queued", "Refuse", "Target", "Wake", "WorkersOf", "decide",
+           "has_room"]
 
 
 class Target:
@@ -81,6 +82,16 @@ class NoRoom(NamedTuple):
     wait: float
 
 
+class Queued(NamedTuple):
+    """Every worker the request may go to has as many requests in flight as its group's ``concurrency``: it waits
+    in the group's queue (``key``: "tenant/app/group") for a slot on ``wants`` (a sticky user's worker: its state
+    lives there) or, "", on any worker of the group; within the group's ``queue`` bounds, else 503. Its quota slot
+    was given back."""
+
+    key: str
+    wants: str
+
+
 class Wake(NamedTuple):
     """The request's group has no worker (scaled to zero) and one is starting for it: hold the request until
     that worker is routable (then decide again), at most ``request_timeout``. Its quota slot was given back."""
@@ -92,11 +103,13 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
            unroutable: Collection[str], surface: Surface, place: PlaceFn, forwards: ForwardCounters,
            kept: Callable[[str], W | None] | None = None,
            wake: Callable[[tuple[str, str, str]], bool] | None = None,
-           full: Full | None = None) -> Forward[W] | Moving | Refuse | Wake | NoRoom:
+           full: Full | None = None,
+           saturated: Collection[str] = ()) -> Forward[W] | Moving | Refuse | Wake | NoRoom | Queued:
     """``workers_of``: a group's routable workers (reception first); ``unroutable``: those the front found dead
     since; ``kept``: a worker being emptied (not routable: it takes no one new) by its id, while it still
     serves the users pinned to it; ``wake``: asked when the user's group has no worker (True: one is starting:
-    wait for it); ``full``: the workers whose capacity reading refuses (``Full``).
+    wait for it); ``full``: the workers whose capacity reading refuses (``Full``); ``saturated``: the workers with
+    as many requests in flight as their concurrency (the request waits in the group's queue rather than go there).
 
     The steps, in order: the app (404); the user and a move under way (``Moving``, before the quota: a request
     waiting for a move takes no slot); the quota (429/503); then ``_route``. Whatever ``_route`` answers other
@@ -120,7 +133,7 @@ def decide(target: Target | None, head: RequestHead, now: float, workers_of: Wor
             why = "too many requests at once" if refusal.reason == CONCURRENCY else "request rate over quota"
             return Refuse(refusal.status, f"{route}: {why}", refusal.retry_after)
     outcome = _route(target, head, now, user, entry, workers_of, unroutable, surface, place, forwards, kept, wake,
-                     full)
+                     full, saturated)
     if quota is not None and type(outcome) is not tuple:  # (a forward is a plain tuple; the others are named)
         quota.leave()
     return outcome
@@ -130,9 +143,10 @@ def _route(target: Target, head: RequestHead, now: float, user: str | None, entr
            workers_of: WorkersOf[W], unroutable: Collection[str], surface: Surface, place: PlaceFn,
            forwards: ForwardCounters, kept: Callable[[str], W | None] | None,
            wake: Callable[[tuple[str, str, str]], bool] | None,
-           full: Full | None) -> Forward[W] | Refuse | Wake | NoRoom:
-    """An admitted request: its user's group, the group's workers, admission by capacity readings, and placement —
-    a new user on the reception (placement's choice), a returning one on its worker, the rest ``_place_again``."""
+           full: Full | None, saturated: Collection[str]) -> Forward[W] | Refuse | Wake | NoRoom | Queued:
+    """An admitted request: its user's group, the group's workers, admission by capacity readings, the queue, and
+    placement — a new user on the reception (placement's choice), a returning one on its worker, the rest
+    ``_place_again``."""
     route, quota = target.route, target.quota
     fresh = user is None
     if user is None:
@@ -155,6 +169,11 @@ def _route(target: Target, head: RequestHead, now: float, user: str | None, entr
         if isinstance(admitted, NoRoom):
             return admitted
         workers = admitted
+    if saturated:
+        roomy = _unsaturated(saturated, workers, route, group, entry)
+        if isinstance(roomy, Queued):
+            return roomy
+        workers = roomy
     if counted:
         if counted is DEFAULT:  # (most of them, every cookieless request: counted per app, no tuple made)
             defaults = target.stats.defaults
@@ -258,6 +277,21 @@ def _roomy(full: Full, now: float, workers: Sequence[W], route: AppRoute, group:
         return roomy if len(roomy) != len(workers) else workers
     refusals = [full[w.worker_id] for w in workers]
     return NoRoom(f"{route.tenant}/{route.app}/{group}", min(r[1] for r in refusals), max(r[2] for r in refusals))
+
+
+def _unsaturated(saturated: Collection[str], workers: Sequence[W], route: AppRoute, group: str,
+                 entry: SurfaceUser | None) -> Sequence[W] | Queued:
+    """The queue: a user whose worker is saturated waits for a slot there (its state lives there); another is
+    placed among the workers that are not, and waits for any when every one is."""
+    if entry is not None and entry.pinned:
+        return workers  # it waits where it is emptied from, in its turn to be moved off (``_kept``)
+    wanted = entry.worker if entry is not None else ""
+    if wanted and wanted in saturated and any(w.worker_id == wanted for w in workers):
+        return Queued(f"{route.tenant}/{route.app}/{group}", wanted)
+    roomy = [w for w in workers if w.worker_id not in saturated]
+    if not roomy:
+        return Queued(f"{route.tenant}/{route.app}/{group}", "")
+    return roomy if len(roomy) != len(workers) else workers
 
 
 def has_room(full: Full, worker: str, now: float) -> bool:

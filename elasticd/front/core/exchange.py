@@ -152,6 +152,11 @@ class Exchange:
             raise illegal(self.phase, EVENT_FORWARD)
         self.phase = PHASES[to]
         self.rid = forwards.opened(self)
+        counters = self.counters
+        if counters is not None:  # forwards.forwarded(counters), inlined
+            counters.in_flight += 1
+            if counters.in_flight >= counters.concurrency:
+                forwards.saturated.add(counters.worker)
         if conn is not None:
             self.conn = conn  # FORWARDING --ATTACH--> FORWARDING
 
@@ -162,12 +167,26 @@ class Exchange:
         self.phase = PHASES[to]
         self.conn = conn
 
-    def retry(self) -> None:
+    def retry(self, forwards: ForwardCounters) -> None:
+        """RETRY: the worker cannot have read the request (its connection was refused, or a kept-alive one was
+        closed before a byte of the answer, for a request safe to send twice): the forward is undone — its counters
+        entry dropped uncounted, its worker's in-flight count and its quota slot given back — and it is dispatched
+        again, at most once, to wherever dispatch says now (not a worker found dead meanwhile)."""
         if self.retried:
             raise RelayError("a request is sent again at most once")
         self.phase = step(self.phase, EVENT_RETRY)
         self.retried = True
         self.conn = None
+        forwards.open.pop(self.rid, None)
+        self.rid = 0
+        counters = self.counters
+        if counters is not None:
+            forwards.ended(counters)
+            self.counters = None
+        quota = self.quota
+        if quota is not None:
+            quota.leave()
+            self.quota = None
 
     def answer_head(self, status: int, login: bytes | None) -> None:
         to = NEXT[self.phase * EVENTS + EVENT_ANSWER_HEAD]

@@ -12,18 +12,26 @@ Three reasons park a request (``dispatch.decide`` says which):
   sticky user's) or "tenant/app/group" (a new user's). A reading that no longer refuses releases them; each
   request that waited its reading's ``wait`` is answered 503 with the longest Retry-After said for the key.
 
+- ``QUEUE``: every routable worker it may go to has as many requests in flight as its group's ``concurrency``
+  (``ForwardCounters.saturated``); key: "tenant/app/group", and each request says the worker it ``wants`` (a
+  sticky user's: its state lives there) or "" (any worker of the group). A slot coming free on a worker gives it
+  to the oldest request that wants that worker or any (``take_first``); a request that waited the group's
+  ``queue.timeout`` is answered 503 with Retry-After, and one that finds ``queue.max`` waiting (WAKE and QUEUE
+  together: ``depth``) is answered so at once.
+
 A spot (reason, key) remembers when each request came: ``release_older`` lets each wait its own time, ``overdue``
-counts from the spot's first. The bursts' queue will park here too.
+counts from the spot's first.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Final, Generic, TypeVar
 
 from elasticd.front.core.exchange import Exchange
 
-__all__ = ["PARKED_FULL", "PARKED_MOVE", "PARKED_WAKE", "Parked", "ParkingLot"]
+__all__ = ["PARKED_FULL", "PARKED_MOVE", "PARKED_QUEUE", "PARKED_WAKE", "Parked", "ParkingLot"]
 
 C = TypeVar("C")  # the client connection a request came on (the shell's)
 
@@ -35,6 +43,7 @@ class Parked(enum.IntEnum):
     MOVE = 0
     WAKE = 1
     FULL = 2
+    QUEUE = 3
 
 
 # The compiled front reads these constants, never a member: Debian bookworm's mypyc (1.0.1) names a C static for a
@@ -42,14 +51,16 @@ class Parked(enum.IntEnum):
 PARKED_MOVE: Final[Parked] = Parked["MOVE"]
 PARKED_WAKE: Final[Parked] = Parked["WAKE"]
 PARKED_FULL: Final[Parked] = Parked["FULL"]
+PARKED_QUEUE: Final[Parked] = Parked["QUEUE"]
 
 
 class _Spot(Generic[C]):
-    __slots__ = ("requests", "retry_after", "times", "wait")
+    __slots__ = ("requests", "retry_after", "times", "wait", "wants")
 
     def __init__(self) -> None:
         self.requests: list[tuple[C, Exchange]] = []
         self.times: list[float] = []  # when each came, oldest first
+        self.wants: list[str] = []  # the worker each wants ("" any: QUEUE)
         self.retry_after = 0  # the longest Retry-After said for the key (FULL)
         self.wait = 0.0  # the latest patience said for the key (FULL: its reading's)
 
@@ -69,14 +80,25 @@ class ParkingLot(Generic[C]):
     def holds(self, reason: Parked, key: str) -> bool:
         return key in self._spots[reason]
 
+    def depth(self, key: str) -> int:
+        """Requests waiting for the group "tenant/app/group": for a worker to come (WAKE) or for room (QUEUE)."""
+        return sum(len(spot.requests) for reason in (PARKED_WAKE, PARKED_QUEUE)
+                   if (spot := self._spots[reason].get(key)) is not None)
+
+    def oldest(self, reason: Parked, key: str) -> float | None:
+        """When the spot's oldest request came; None for an empty spot."""
+        spot = self._spots[reason].get(key)
+        return spot.times[0] if spot is not None else None
+
     def park(self, reason: Parked, key: str, client: C, ex: Exchange, now: float, *, retry_after: int = 0,
-             wait: float = 0.0) -> None:
+             wait: float = 0.0, wants: str = "") -> None:
         spots = self._spots[reason]
         spot = spots.get(key)
         if spot is None:
             spot = spots[key] = _Spot()
         spot.requests.append((client, ex))
         spot.times.append(now)
+        spot.wants.append(wants)
         spot.retry_after = max(spot.retry_after, retry_after)
         spot.wait = wait
 
@@ -87,6 +109,22 @@ class ParkingLot(Generic[C]):
         """(the longest Retry-After, the latest wait) said for the spot; (0, 0.0) for none."""
         spot = self._spots[reason].get(key)
         return (spot.retry_after, spot.wait) if spot is not None else (0, 0.0)
+
+    def take_first(self, reason: Parked, key: str, may_go: Callable[[str], bool]) -> tuple[C, Exchange, float] | None:
+        """The oldest request of the spot whose wanted worker ``may_go`` ("" for any), with when it came, taken
+        out; None when none may."""
+        spot = self._spots[reason].get(key)
+        if spot is None:
+            return None
+        for i, wants in enumerate(spot.wants):
+            if may_go(wants):
+                client, ex = spot.requests.pop(i)
+                came = spot.times.pop(i)
+                del spot.wants[i]
+                if not spot.requests:
+                    del self._spots[reason][key]
+                return client, ex, came
+        return None
 
     def release(self, reason: Parked, key: str) -> list[tuple[C, Exchange]]:
         """The spot's requests, oldest first; none are parked there afterwards."""
@@ -106,6 +144,7 @@ class ParkingLot(Generic[C]):
         if n == len(times):
             return self.release(reason, key)
         out, spot.requests, spot.times = spot.requests[:n], spot.requests[n:], times[n:]
+        spot.wants = spot.wants[n:]
         return out
 
     def overdue(self, reason: Parked, now: float, limit: float) -> list[str]:

@@ -10,9 +10,9 @@ something comes too late for its exchange (a connection made after the client le
      PARKED ◄── PARK ──┐ (it waits in the front, unforwarded: its user moving, its group waking, no room)
          └── RELEASE ──►│     REFUSE
         QUEUED ───────────────────────────────────────────────┐
-          │ FORWARD (routed, admitted, placed: open in the counters)
-          ▼                                                     ▼
-      FORWARDING ── ATTACH, RETRY (itself) ── FAIL, CLIENT_LEFT ──────► DONE
+          │ ▲ FORWARD (routed, admitted, placed: open in the counters)
+          ▼ │ RETRY (the worker cannot have read it: undone, dispatched once more)
+      FORWARDING ── ATTACH (itself) ──────────── FAIL, CLIENT_LEFT ──────► DONE
           │ ANSWER_HEAD (the worker's head went to the client)           ▲
           ▼                                                              │
       ANSWERING ─────────────── ANSWER_END, CUT, CLIENT_LEFT, UPGRADE ────┘
@@ -60,7 +60,7 @@ class Event(enum.IntEnum):
     REFUSE = 0  # the front answers it itself before forwarding (400, 404, 429, 503...)
     FORWARD = 1  # dispatched to a worker
     ATTACH = 2  # a connection to the worker is attached (new or reused)
-    RETRY = 3  # a reused connection died before any byte of the answer: sent once more
+    RETRY = 3  # the worker cannot have read it (refused; a reused connection closed first): dispatched once more
     ANSWER_HEAD = 4
     ANSWER_END = 5
     UPGRADE = 6  # 101 went through: the exchange ends, both connections become a tunnel
@@ -95,7 +95,7 @@ TRANSITIONS: Final[dict[tuple[Phase, Event], Phase]] = {
     (PHASE_QUEUED, EVENT_PARK): PHASE_PARKED,
     (PHASE_PARKED, EVENT_RELEASE): PHASE_QUEUED,
     (PHASE_FORWARDING, EVENT_ATTACH): PHASE_FORWARDING,
-    (PHASE_FORWARDING, EVENT_RETRY): PHASE_FORWARDING,
+    (PHASE_FORWARDING, EVENT_RETRY): PHASE_QUEUED,  # (the forward undone: dispatched again)
     # (a 101 too: its head goes to the client, then UPGRADE ends the exchange)
     (PHASE_FORWARDING, EVENT_ANSWER_HEAD): PHASE_ANSWERING,
     (PHASE_FORWARDING, EVENT_FAIL): PHASE_DONE,

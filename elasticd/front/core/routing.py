@@ -9,9 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Final
 
-from elasticd.config.model import Config
+from elasticd.config.model import Config, QueueSettings
 from elasticd.front.core.bounds import DEFAULT_CONCURRENCY
+
+_DEFAULT_QUEUE = QueueSettings()
+DEFAULT_QUEUE_MAX: Final = _DEFAULT_QUEUE.max
+DEFAULT_QUEUE_TIMEOUT: Final = _DEFAULT_QUEUE.timeout
 
 __all__ = ["AppRoute", "RouteTable", "normalize_host"]
 
@@ -32,6 +37,8 @@ class AppRoute:
     # (group, its concurrency) for each group: what one worker serves at once, which bounds the front's connections
     # to it (``bounds.connection_bound``). A tuple, not a mapping: a route is hashed.
     concurrency: tuple[tuple[str, int], ...] = ()
+    # (group, its queue's max, its queue's timeout) for each group (config.model.QueueSettings)
+    queues: tuple[tuple[str, int, float], ...] = ()
 
     def concurrency_of(self, group: str) -> int:
         """The concurrency of ``group``'s workers (the config's default when the route does not say)."""
@@ -39,6 +46,13 @@ class AppRoute:
             if name == group:
                 return value
         return DEFAULT_CONCURRENCY
+
+    def queue_of(self, group: str) -> tuple[int, float]:
+        """(max, timeout) of ``group``'s queue (the config's default when the route does not say)."""
+        for name, most, timeout in self.queues:
+            if name == group:
+                return most, timeout
+        return DEFAULT_QUEUE_MAX, DEFAULT_QUEUE_TIMEOUT
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -101,7 +115,9 @@ class RouteTable:
                              app.canary.group if app.canary is not None else None,
                              app.canary.share if app.canary is not None else 0.0, frozenset(app.groups),
                              f"{tenant.name}/{app.name}",
-                             tuple(sorted((name, group.concurrency) for name, group in app.groups.items())))
+                             tuple(sorted((name, group.concurrency) for name, group in app.groups.items())),
+                             tuple(sorted((name, group.queue.max, group.queue.timeout)
+                                          for name, group in app.groups.items())))
             for tenant, app in config.apps()
             for domain in app.domains
         }

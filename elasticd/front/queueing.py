@@ -1,0 +1,185 @@
+"""The group queue's shell: requests that wait in the front for a slot (core/parking.py's QUEUE) or for a worker
+that is coming (its WAKE), under the group's ``queue: {max, timeout}``.
+
+Who decides what: dispatch (pure) says a request is ``Queued`` (every worker it may go to is saturated:
+``ForwardCounters.saturated``); this module bounds it (``queue.max`` waiting, WAKE and QUEUE together, else 503
+at once), parks it, hands a freed slot to the oldest request that wants that worker or any, answers 503 those that
+waited ``queue.timeout``, and counts waits and refusals (``QueueStats``).
+
+Why a freed slot is handed over in a later turn of the loop, with the worker kept saturated meanwhile: the slot
+comes free inside an exchange's end (an answer relayed, a connection lost), which is no place to dispatch another
+client's request; and were the worker unsaturated at once, a request arriving in between would take the slot
+ahead of those that waited. So ``slot_free`` keeps the worker in ``saturated`` and schedules ``drain``, which
+unsaturates the group's workers that have room and dispatches, oldest first, as many waiting requests as fit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Final, Protocol
+
+from elasticd.front.core.counters import QUEUE_FULL, QUEUE_TIMEOUT, WorkerCounters
+from elasticd.front.core.dispatch import Queued, Target
+from elasticd.front.core.exchange import Exchange
+from elasticd.front.core.parking import PARKED_QUEUE, PARKED_WAKE
+from elasticd.front.core.relay import EVENT_PARK, EVENT_REFUSE, EVENT_RELEASE, PHASE_PARKED, RelayError
+
+if TYPE_CHECKING:
+    from elasticd.front.client import ClientConn
+    from elasticd.front.core.counters import ForwardCounters
+    from elasticd.front.core.parking import ParkingLot
+    from elasticd.front.upstream import Upstream
+
+
+class QueueHost(Protocol):
+    """What the queue needs of the front (server.Front), named here so the two modules do not import each other."""
+
+    parked: ParkingLot[ClientConn]
+    forwards: ForwardCounters
+    unroutable: set[str]
+    on_queued: Callable[[tuple[str, str, str]], None] | None
+
+    def clock(self) -> float: ...
+
+    def workers_of(self, tenant: str, app: str, group: str) -> Sequence[Upstream]: ...
+
+    def answer_parked(self, parked: list[tuple[ClientConn, Exchange]], what: str, status: int, text: str,
+                      retry_after: int) -> int: ...
+
+__all__ = ["QUEUE_RETRY_AFTER", "FrontQueue", "QueueHost"]
+
+log = logging.getLogger("elasticd.front")
+
+# Seconds a client refused by a queue is told to wait: a full queue empties at the group's rate, and the burst
+# scale-up has a worker starting already; a longer Retry-After would idle clients that could be served sooner.
+QUEUE_RETRY_AFTER: Final = 1
+
+
+class FrontQueue:
+    __slots__ = ("_front", "_scheduled")
+
+    def __init__(self, front: QueueHost) -> None:
+        self._front = front
+        self._scheduled: set[str] = set()  # groups whose drain waits for the loop's next turn
+
+    # ------------------------------------------------------------------ in
+
+    def admits(self, key: str, target: Target, group: str, client: ClientConn, ex: Exchange) -> bool:
+        """Whether one more request may wait for the group ``key``; if not, it is answered 503 here."""
+        most = target.route.queue_of(group)[0]
+        depth = self._front.parked.depth(key)
+        if depth < most:
+            return True
+        self._front.forwards.queue(key).refuse(QUEUE_FULL)
+        target.stats.answered(503)
+        ex.advance(EVENT_REFUSE)
+        client.answer(ex, 503, f"{target.route}: group {group}: {depth} requests wait already (its queue.max)",
+                      retry_after=QUEUE_RETRY_AFTER)
+        return False
+
+    def enqueue(self, queued: Queued, target: Target, client: ClientConn, ex: Exchange, now: float) -> None:
+        group = queued.key.rsplit("/", 1)[1]
+        if not self.admits(queued.key, target, group, client, ex):
+            return
+        ex.advance(EVENT_PARK)
+        ex.ts = now  # (when it came into the queue: its wait is counted from here; a forward sets ts anew)
+        self._front.parked.park(PARKED_QUEUE, queued.key, client, ex, now, wants=queued.wants,
+                                wait=target.route.queue_of(group)[1])
+        told = self._front.on_queued
+        if told is not None:
+            route = target.route
+            try:
+                told((route.tenant, route.app, group))
+            except Exception:  # the pool's check must not fail the request: it waits in the queue regardless
+                log.exception("front: the burst check for %s failed", queued.key)
+
+    # ------------------------------------------------------------------ out
+
+    def slot_free(self, counters: WorkerCounters) -> bool:
+        """ForwardCounters.on_free: True when the worker may leave ``saturated`` now (nothing waits for its group);
+        else its group's drain is scheduled and the worker stays saturated until then."""
+        key = counters.group
+        if not key or not self._front.parked.holds(PARKED_QUEUE, key):
+            return True
+        self.schedule(key)
+        return False
+
+    def schedule(self, key: str) -> None:
+        if key not in self._scheduled:
+            self._scheduled.add(key)
+            asyncio.get_running_loop().call_soon(self._drain_scheduled, key)
+
+    def _drain_scheduled(self, key: str) -> None:
+        self._scheduled.discard(key)
+        try:
+            self.drain(key)
+        except Exception:  # a bug of ours with one group must not stop the queue of every other
+            log.exception("front: giving the group %s's free slots to its queue failed", key)
+
+    def drain(self, key: str) -> int:
+        """The group's workers with room leave ``saturated``; then its waiting requests that can go now are
+        dispatched, oldest first (each takes its slot as it is forwarded). Returns how many went."""
+        front = self._front
+        forwards = front.forwards
+        saturated = forwards.saturated
+        workers = self._routable(key)
+        for worker in workers:
+            counters = forwards.workers.get(worker.worker_id)
+            if counters is not None and counters.in_flight < counters.concurrency:
+                saturated.discard(worker.worker_id)
+        routable = {w.worker_id for w in workers}
+
+        def may_go(wants: str) -> bool:
+            if wants and wants in routable:
+                return wants not in saturated
+            # any worker (or its own is gone: dispatch places it again)
+            return any(worker_id not in saturated for worker_id in routable)
+
+        went = 0
+        for _ in range(front.parked.depth(key)):  # (bounded: a request that parks again is not taken twice)
+            found = front.parked.take_first(PARKED_QUEUE, key, may_go)
+            if found is None:
+                break
+            client, ex, _came = found
+            if client.transport is None or ex.phase is not PHASE_PARKED:
+                continue  # the client left meanwhile
+            forwards.queue(key).waited(front.clock() - ex.ts)
+            try:
+                ex.advance(EVENT_RELEASE)
+                client.released(ex)
+            except RelayError as exc:
+                client.fail_closed(exc)
+                continue
+            went += 1
+        return went
+
+    def _routable(self, key: str) -> Sequence[Upstream]:
+        tenant, app, group = key.split("/")
+        unroutable = self._front.unroutable
+        return [w for w in self._front.workers_of(tenant, app, group) if w.worker_id not in unroutable]
+
+    # ------------------------------------------------------------------ the tick
+
+    def tick(self, now: float) -> None:
+        """Each group's requests that waited its ``queue.timeout`` are answered 503; then whatever room there is
+        goes to the rest (a release no event named: a raised concurrency, a worker that joined)."""
+        front = self._front
+        parked = front.parked
+        for key in parked.keys(PARKED_QUEUE):
+            timeout = parked.terms(PARKED_QUEUE, key)[1]
+            overdue = parked.release_older(PARKED_QUEUE, key, now - timeout)
+            if overdue:
+                stats = front.forwards.queue(key)
+                for _, ex in overdue:
+                    stats.waited(now - ex.ts)
+                    stats.refuse(QUEUE_TIMEOUT)
+                front.answer_parked(overdue, key, 503, f"group {key}: no worker had a free slot within its "
+                                    f"queue.timeout ({timeout:g}s)", QUEUE_RETRY_AFTER)
+            self.drain(key)
+
+    def depths(self) -> dict[str, int]:
+        """Requests waiting per group (for the metrics page: a copy, read from its thread)."""
+        parked = self._front.parked
+        return {key: parked.depth(key) for key in {*parked.keys(PARKED_QUEUE), *parked.keys(PARKED_WAKE)}}

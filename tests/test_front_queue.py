@@ -1,0 +1,172 @@
+"""The group queue's pure parts, as tables: dispatch's hold-or-queue decision over saturated workers, the parking
+lot's QUEUE spot (who takes a freed slot, who times out: time passed in), and the forward counters' saturation."""
+
+from __future__ import annotations
+
+import pytest
+
+from elasticd.config.model import Quotas
+from elasticd.front.core.counters import ForwardCounters, WorkerCounters
+from elasticd.front.core.dispatch import Queued, Target, decide
+from elasticd.front.core.exchange import Exchange
+from elasticd.front.core.http1 import RequestHead
+from elasticd.front.core.parking import PARKED_QUEUE, PARKED_WAKE, ParkingLot
+from elasticd.front.core.quota import TenantQuota
+from elasticd.front.core.routing import AppRoute
+from elasticd.front.core.sticky import Surface, place
+
+USER = "80000000" + "0" * 24
+
+
+class _W:
+    def __init__(self, worker_id: str) -> None:
+        self.worker_id = worker_id
+
+
+def _head(cookie: str | None) -> RequestHead:
+    head = RequestHead()
+    head.cookie = f"elastic_uid={cookie}".encode() if cookie else None
+    return head
+
+
+# (name, the group's workers, the sticky user's worker (None: a new user; "pinned:" one being emptied from it),
+#  the saturated ones, what comes: the worker forwarded to, or Queued's wants)
+QUEUE = [
+    ("nothing saturated: the reception", ["w1", "w2"], None, [], "w1"),
+    ("the reception saturated: a new user goes where there is room", ["w1", "w2"], None, ["w1"], "w2"),
+    ("all saturated: a new user waits for any", ["w1", "w2"], None, ["w1", "w2"], Queued("acme/shop/green", "")),
+    ("a sticky user's worker has room", ["w1", "w2"], "w2", ["w1"], "w2"),
+    ("a sticky user waits for its own worker, though another has room", ["w1", "w2"], "w2", ["w2"],
+     Queued("acme/shop/green", "w2")),
+    ("a sticky user whose worker went: placed where there is room", ["w1", "w2"], "gone", ["w1"], "w2"),
+    ("a sticky user whose worker went, all saturated: any", ["w1"], "gone", ["w1"], Queued("acme/shop/green", "")),
+    ("saturated workers not of this group change nothing", ["w1"], None, ["other"], "w1"),
+]
+
+
+@pytest.mark.parametrize(("name", "ids", "sticky", "saturated", "outcome"), QUEUE, ids=[row[0] for row in QUEUE])
+def test_the_queue_decision(name, ids, sticky, saturated, outcome):
+    surface, forwards = Surface(60.0), ForwardCounters()
+    quota = TenantQuota(Quotas(max_concurrent_requests=4), 0.0)
+    target = Target(AppRoute("acme", "shop", "green", label="acme/shop"), forwards.route("acme", "shop"), quota)
+    cookie = None
+    if sticky is not None:
+        cookie = USER
+        surface.assign(USER, sticky, 0.0, "green", "acme/shop")
+    workers = [_W(i) for i in ids]
+    answer = decide(target, _head(cookie), 1.0, lambda t, a, g: workers, (), surface, place, forwards,
+                    saturated=set(saturated))
+    if isinstance(outcome, Queued):
+        assert answer == outcome
+        assert quota.gate.in_flight == 0  # a queued request holds no quota slot while it waits
+    else:
+        assert type(answer) is tuple and answer[0].worker_id == outcome
+        assert quota.gate.in_flight == 1
+
+
+def test_a_pinned_user_goes_to_the_worker_it_is_emptied_from_whatever_is_saturated():
+    surface, forwards = Surface(60.0), ForwardCounters()
+    target = Target(AppRoute("acme", "shop", "green", label="acme/shop"), forwards.route("acme", "shop"), None)
+    surface.assign(USER, "old", 0.0, "green", "acme/shop")
+    surface.users[USER].pinned = True
+    old = _W("old")
+    answer = decide(target, _head(USER), 1.0, lambda t, a, g: [_W("w1")], (), surface, place, forwards,
+                    lambda worker: old if worker == "old" else None, saturated={"w1"})
+    assert type(answer) is tuple and answer[0] is old
+
+
+# -- the parking lot's QUEUE spot: who takes a freed slot, who has waited too long (time passed in) --------------
+
+def _parked(lot: ParkingLot[str], rows: list[tuple[str, str, float]]) -> dict[str, Exchange]:
+    exchanges = {}
+    for name, wants, at in rows:
+        exchanges[name] = ex = Exchange()
+        lot.park(PARKED_QUEUE, "acme/shop/green", name, ex, at, wants=wants, wait=5.0)
+    return exchanges
+
+
+# (name, parked: (client, wants, when), the freed worker, who takes the slot)
+TAKES = [
+    ("the oldest that wants any", [("a", "", 1.0), ("b", "", 2.0)], "w1", "a"),
+    ("the oldest that wants this one", [("a", "w2", 1.0), ("b", "w1", 2.0), ("c", "", 3.0)], "w1", "b"),
+    ("one that wants any before a later one for this worker", [("a", "w2", 1.0), ("b", "", 2.0),
+                                                              ("c", "w1", 3.0)], "w1", "b"),
+    ("none wants it: the slot stays free", [("a", "w2", 1.0)], "w1", None),
+]
+
+
+@pytest.mark.parametrize(("name", "rows", "freed", "taker"), TAKES, ids=[row[0] for row in TAKES])
+def test_a_freed_slot_goes_to_the_oldest_that_wants_it(name, rows, freed, taker):
+    lot: ParkingLot[str] = ParkingLot()
+    _parked(lot, rows)
+    found = lot.take_first(PARKED_QUEUE, "acme/shop/green", lambda wants: wants in ("", freed))
+    assert (found[0] if found is not None else None) == taker
+    assert lot.depth("acme/shop/green") == len(rows) - (taker is not None)
+
+
+def test_each_waits_its_own_timeout_and_the_depth_counts_wake_and_queue_together():
+    lot: ParkingLot[str] = ParkingLot()
+    _parked(lot, [("a", "", 1.0), ("b", "w1", 2.0), ("c", "", 4.0)])
+    lot.park(PARKED_WAKE, "acme/shop/green", "d", Exchange(), 3.0)
+    assert lot.depth("acme/shop/green") == 4 and lot.depth("acme/shop/blue") == 0
+    assert lot.terms(PARKED_QUEUE, "acme/shop/green") == (0, 5.0)  # the group's queue.timeout, said at park
+    # at 7.5, with a 5 s timeout: those that came before 2.5 are overdue, oldest first; the rest wait on
+    assert [client for client, _ in lot.release_older(PARKED_QUEUE, "acme/shop/green", 7.5 - 5.0)] == ["a", "b"]
+    assert lot.oldest(PARKED_QUEUE, "acme/shop/green") == 4.0
+    found = lot.take_first(PARKED_QUEUE, "acme/shop/green", lambda wants: True)
+    assert found is not None and found[0] == "c" and found[2] == 4.0
+    assert not lot.holds(PARKED_QUEUE, "acme/shop/green") and lot.depth("acme/shop/green") == 1
+
+
+# -- the forward counters: saturated at the concurrency, room handed to the queue first ---------------------------
+
+def _worker(forwards: ForwardCounters, concurrency: int) -> WorkerCounters:
+    counters = forwards.worker("w1")
+    counters.group = "acme/shop/green"
+    forwards.bound(counters, concurrency)
+    return counters
+
+
+def test_a_worker_is_saturated_at_its_concurrency_and_has_room_below_it():
+    forwards = ForwardCounters()
+    counters = _worker(forwards, 2)
+    forwards.forwarded(counters)
+    assert forwards.saturated == set()
+    forwards.forwarded(counters)
+    assert forwards.saturated == {"w1"}
+    forwards.ended(counters)
+    assert forwards.saturated == set() and counters.in_flight == 1
+
+
+def test_room_waits_for_the_queue_when_the_front_says_so():
+    forwards = ForwardCounters()
+    told: list[str] = []
+    keep_for_the_queue = True
+
+    def on_free(counters: WorkerCounters) -> bool:
+        told.append(counters.worker)
+        return not keep_for_the_queue
+
+    forwards.on_free = on_free
+    counters = _worker(forwards, 1)
+    forwards.forwarded(counters)
+    forwards.ended(counters)
+    assert told == ["w1"] and forwards.saturated == {"w1"}  # kept until the queue's drain hands the slot over
+    keep_for_the_queue = False
+    forwards.forwarded(counters)
+    forwards.ended(counters)
+    assert forwards.saturated == set()
+
+
+@pytest.mark.parametrize(("in_flight", "before", "after", "saturated"), [
+    (2, 2, 4, False),  # raised by a reload: room at once
+    (2, 4, 2, True),  # lowered: saturated at once
+    (1, 4, 2, False),
+])
+def test_a_new_concurrency_saturates_or_frees_at_once(in_flight, before, after, saturated):
+    forwards = ForwardCounters()
+    counters = _worker(forwards, before)
+    for _ in range(in_flight):
+        forwards.forwarded(counters)
+    forwards.bound(counters, after)
+    assert ("w1" in forwards.saturated) is saturated
