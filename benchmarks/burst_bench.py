@@ -4,8 +4,9 @@
 1. **step**: a load step (8 clients at once, each a request of 300 ms at a time) on an idle group of concurrency 4
    → a second routable worker, at occupancy_interval 1 s, 2 s and 5 s; beside it, the worker's own start (its
    spawn to routable, from the journal). Goal: the reaction within the start + 0.5 s, at any interval.
-2. **soak**: three apps under steady load (two clients each) while app a's only worker is SIGKILLed every 5 s,
-   app b's is SIGSTOPped for 1 s every 7 s, and every 10 s a reload removes app c and the next adds it back.
+2. **soak**: three apps under steady load (two clients each) while app a's only worker is SIGKILLed every 15 s
+   (under the crash-loop rule: five deaths within 60 s mark a worker failed, and a failed group answers 503),
+   app b's is SIGSTOPped for 1 s every 10 s, and every 20 s a reload removes app c and the next adds it back.
    Counted: every answer by status; a 502 can only be a request that was on a killed worker when it died; 404s
    are app c's while it is removed (the right answer). Goal: no 503 and no 502 beyond the killed requests.
 """
@@ -42,14 +43,18 @@ def _tenants(root: str, apps: list[str], max_workers: int = 1) -> str:
     return "tenants:\n  acme:\n    apps:\n" + "".join(_app(name, root, max_workers) for name in apps)
 
 
+ERRORS: Counter[str] = Counter()  # what a -1 was: the client's own error, by kind
+
+
 def _get(port: int, host: str, path: str) -> int:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=90)
     try:
         conn.request("GET", path, headers={"Host": host})
         response = conn.getresponse()
         response.read()
         return response.status
-    except (OSError, http.client.HTTPException):
+    except (OSError, http.client.HTTPException) as exc:
+        ERRORS[type(exc).__name__] += 1
         return -1
     finally:
         conn.close()
@@ -128,20 +133,24 @@ def bench_soak(seconds: float) -> None:
             while time.monotonic() - started < seconds:
                 time.sleep(1.0)
                 tick += 1
-                if tick % 5 == 0:
-                    [worker] = [w for w in _pool(d, "a")["workers"] if w["state"] == "running"] or [None]
+                if tick % 15 == 0:
+                    found = [w for w in _pool(d, "a")["workers"] if w["state"] == "running"]
+                    if len(found) != 1:
+                        print(f"  app a's workers at {tick}s: {[(w['id'], w['pid'], w['state']) for w in found]}")
+                    worker = found[0] if found else None
                     if worker is not None:
                         os.kill(worker["pid"], signal.SIGKILL)
                         kills += 1
-                if tick % 7 == 0:
-                    [worker] = [w for w in _pool(d, "b")["workers"] if w["state"] == "running"] or [None]
+                if tick % 10 == 0:
+                    found = [w for w in _pool(d, "b")["workers"] if w["state"] == "running"]
+                    worker = found[0] if found else None
                     if worker is not None:
                         os.kill(worker["pid"], signal.SIGSTOP)
                         time.sleep(1.0)
                         os.kill(worker["pid"], signal.SIGCONT)
                         stops += 1
-                if tick % 10 == 0:
-                    present = (tick // 10) % 2 == 0
+                if tick % 20 == 0:
+                    present = (tick // 20) % 2 == 0
                     d.write_config(_tenants(tmp, apps if present else ["a", "b"]))
                     d.reload()
                     reloads += 1
@@ -158,6 +167,8 @@ def bench_soak(seconds: float) -> None:
             print(f"  app {app}: {dict(sorted(statuses[app].items()))}")
         failed = sum(count for c in statuses.values() for status, count in c.items() if status >= 500 or status < 0)
         refused = sum(c[503] for c in statuses.values())
+        if ERRORS:
+            print(f"  the clients' own errors (-1): {dict(ERRORS)}")
         print(f"  failed answers: {failed} (503: {refused}; 502 only where a request was on a killed worker: at "
               f"most {kills * 2}, two clients)")
 

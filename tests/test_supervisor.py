@@ -12,6 +12,7 @@ import pytest
 
 from elasticd.config.model import App, Group
 from elasticd.supervisor.backoff import RestartPolicy
+from elasticd.supervisor.lifecycle import WorkerState
 from elasticd.supervisor.plan import Desired, Running, plan
 from elasticd.supervisor.spawn import TRAMPOLINE, UMASK, WorkerSpec, spawn_argv, spec_for, worker_env
 from elasticd.supervisor.supervisor import Supervisor
@@ -301,6 +302,31 @@ async def test_a_stop_cancelled_half_way_leaves_the_worker_for_stop_all(tmp_path
     await supervisor.stop_all()
     assert supervisor.find("t.a.g.1") is None
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+async def test_a_reload_reviving_a_failed_worker_shows_a_start_in_flight_while_the_failed_one_stops(tmp_path):
+    """While the reload stops the failed worker, a request for the group must see a start in flight (the pool then
+    waits for it), not a group at zero with room under max_workers: its cold start would be one worker too many
+    (a soak saw two running in a group of max_workers 1)."""
+    (tmp_path / "workers").mkdir()
+    spec = WorkerSpec(argv=(sys.executable, "-c", SERVER), env=(), cwd=str(tmp_path), leaf=None)
+    key = ("t", "a", "g")
+    seen: list[tuple[bool, int]] = []
+
+    class Watched(Supervisor):
+        async def _stop_workers(self, workers):
+            seen.append((self.launching(key), self.counted(key)))
+            await super()._stop_workers(workers)
+
+    supervisor = Watched(str(tmp_path), lambda tenant, app: None, start_wait=10)
+    assert await supervisor._start_group(key, Desired(spec, 1, 1)) == []
+    [failed] = supervisor.workers_of(key)
+    await failed.stop(5)
+    failed.state = WorkerState.FAILED  # (as a crash loop leaves it)
+    assert await supervisor._revive_failed(key) == []
+    assert seen == [(True, 1)]  # a start in flight, counted against the cap
+    assert [w.id for w in supervisor.workers_of(key)] == ["t.a.g.2"]
+    await supervisor.stop_all()
 
 
 async def test_a_group_removed_and_added_again_while_draining_gets_new_worker_ids(tmp_path):

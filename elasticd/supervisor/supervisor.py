@@ -283,13 +283,19 @@ class Supervisor:
 
     async def _launch(self, key: GroupKey, entry: _Group, spec: WorkerSpec, count: int) -> tuple[list[Worker],
                                                                                                    list[str]]:
+        return await self._until_routable(self._begin(key, entry, spec, count))
+
+    def _begin(self, key: GroupKey, entry: _Group, spec: WorkerSpec, count: int) -> list[Worker]:
         # Not in their group until routable (or the wait ends); they run, and announce themselves on the
-        # channel, meanwhile — find() and stop_all know them through _alive.
+        # channel, meanwhile — find() and stop_all know them through _alive (and launching() counts them).
         if self.stopping:
-            return [], []
+            return []
         fresh = [self._new_worker(key, entry, spec) for _ in range(count)]
         for worker in fresh:
             worker.start()
+        return fresh
+
+    async def _until_routable(self, fresh: list[Worker]) -> tuple[list[Worker], list[str]]:
         ready = await asyncio.gather(*(w.wait_routable(self.start_wait) for w in fresh))
         problems = [f"worker {w.id} is not routable ({w.state}) after {self.start_wait:g}s"
                     for w, ok in zip(fresh, ready, strict=True) if not ok]
@@ -338,8 +344,12 @@ class Supervisor:
         if not failed:
             return []
         entry.workers = tuple(w for w in entry.workers if w.state != WorkerState.FAILED)
+        # The fresh ones begin before the failed ones are stopped: while that stop is awaited, a request for the
+        # group must see a start in flight (launching), not a group at zero with room under max_workers, whose
+        # cold start would be one worker over the cap (seen: two running in a group of max_workers 1).
+        begun = self._begin(key, entry, entry.desired.spec, len(failed))
         await self._stop_workers(failed)
-        fresh, problems = await self._launch(key, entry, entry.desired.spec, len(failed))
+        fresh, problems = await self._until_routable(begun)
         entry.workers = (*entry.workers, *fresh)
         return problems
 

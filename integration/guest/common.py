@@ -451,8 +451,9 @@ def tenant_user(tenant: str) -> str:
     return f"elastic-{tenant}"
 
 
-# The tenants of the scenarios with a configuration of their own (small_config, 12-pool, 13-pool-limits).
-OTHER_TENANTS = ("solo", "elastic", "capped")
+# The tenants of the scenarios with a configuration of their own (small_config, 12-pool, 13-pool-limits,
+# 21-bursts).
+OTHER_TENANTS = ("solo", "elastic", "capped", "bursty")
 
 
 def suite_users() -> list[str]:

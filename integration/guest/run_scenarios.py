@@ -20,7 +20,8 @@ This is the one entry point; the scenarios live beside it, one module per subjec
   every attempt to break out by the kernel; elasticd and the other tenant go on as before);
 - ``hostile_tenant.py``: 19, issue #27 (a hostile tenant floods its channel and its output; tests/apps/
   hostile_worker.py, which run.py copies beside this file).
-- ``view.py``: 20, issue #28 (each tenant's own view of the host: tests/apps/view_probe.py, copied as above).
+- ``view.py``: 20, issue #28 (each tenant's own view of the host: tests/apps/view_probe.py, copied as above);
+- ``bursts.py``: 21, issue #31 (a killed worker's requests held for its restart; a leak recycled at max_rss).
 
 Plain python3 and the standard library only: this judges elasticd from the outside, the way an operator
 would, through systemctl, the journal, the front (HTTP with Host headers), the admin socket, elasticctl,
@@ -46,6 +47,7 @@ sys.dont_write_bytecode = True  # nothing written into the host's share but resu
 from accounting import s_accounting  # noqa: E402 (after the line above, on purpose)
 from agent import s_agent  # noqa: E402
 from blue_green import s_blue_green  # noqa: E402
+from bursts import s_bursts  # noqa: E402
 from capacity import s_capacity  # noqa: E402
 from common import DEB_ROOTS, SUITE_APPS, Failed, Scenario, say  # noqa: E402
 from elastic_pool import s_pool  # noqa: E402
@@ -103,6 +105,8 @@ SCENARIOS: list[tuple[str, str, Scenario]] = [
      "output in the journal under its own identifier, elasticd's own lines few, the neighbour served", s_hostile),
     ("20-view", "each isolated tenant sees only its own root and processes, a /tmp of its own, none of elasticd's "
      "files; a stop reaches the command in its sandbox; systemd-analyze security <= 4.0", s_view),
+    ("21-bursts", "the only worker of a cpu: 30% tenant SIGKILLed under load: no 503, only its in-flight requests "
+     "fail; a leaking handler is recycled at max_rss before memory.max (oom_kill stays 0)", s_bursts),
 ]
 
 
