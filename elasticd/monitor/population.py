@@ -161,7 +161,7 @@ def fuse(answers: Sequence[WorkerAnswer], surface: Iterable[tuple[str, SurfaceVi
                 "seconds": round(seconds, 6), "recent_requests": 1 if recent else 0,
                 "recent_seconds": round(seconds if recent else 0.0, 6), "on_surface": False, "in_register": True,
             })
-        worker_rows.sort(key=lambda row: row["idle"])
+        worker_rows.sort(key=lambda row: float(row["idle"]))
         rows.extend(worker_rows)
     return rows
 

@@ -100,8 +100,12 @@ class WorkerReadings:
         return sum(values) / len(values) if values else None
 
     def forget(self, worker_id: str) -> None:
-        for readings in (self.windows, self.occupancy, self.capacity, self.rss, self.sensors, self.served_from):
-            readings.pop(worker_id, None)
+        self.windows.pop(worker_id, None)
+        self.occupancy.pop(worker_id, None)
+        self.capacity.pop(worker_id, None)
+        self.rss.pop(worker_id, None)
+        self.sensors.pop(worker_id, None)
+        self.served_from.pop(worker_id, None)
 
 
 class Flight:

@@ -23,6 +23,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 
 import psutil
 
@@ -300,7 +301,7 @@ class Worker:
         pump = None
         if relayed is not None:
             pump = watch(asyncio.create_task(self._relay_output(relayed)), log, f"relaying worker {self.id}'s output")
-            pump.add_done_callback(lambda _: relayed.close())  # also when cancelled before it ran at all
+            pump.add_done_callback(partial(_close_pipe, relayed))  # also when cancelled before it ran at all
         probe = watch(asyncio.create_task(self._await_socket(process)), log,
                       f"waiting for worker {self.id}'s socket")
         try:
@@ -436,3 +437,7 @@ def _describe_exit(returncode: int | None) -> str:
         except ValueError:
             return f"signal {-returncode}"
     return f"status {returncode}"
+
+
+def _close_pipe(pipe: io.FileIO, _task: object) -> None:
+    pipe.close()
