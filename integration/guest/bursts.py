@@ -81,7 +81,8 @@ def s_bursts() -> tuple[str, dict[str, Any]]:
 
 
 def _worker() -> dict[str, Any] | None:
-    found = [w for w in workers(status(), TENANT, APP) if w["state"] == "running"]
+    # (a pid too: a worker just killed reads "running" with no pid for the moment before its exit is handled)
+    found = [w for w in workers(status(), TENANT, APP) if w["state"] == "running" and w["pid"] is not None]
     return found[0] if len(found) == 1 else None
 
 

@@ -4,7 +4,9 @@ busy, not hung, and raising the limit at run time lets the same load grow the po
 
 The tenant has ``cpu: 50%`` and one app group with ``pool: {min_workers: 1, max_workers: 4}``,
 ``concurrency: 4``; ``server: {occupancy_interval: 1s, sample_interval: 1s, hung_after: 4s}`` (the pool reads the
-sampler's samples of the tenant's cgroup; hung_after is short on purpose). Demo app workers.
+sampler's samples of the tenant's cgroup; hung_after is short on purpose). Demo app workers. ``queue: {timeout:
+60s}``: held at its quota, the one worker serves about 2.5 of these requests a second, so the users' requests wait
+in the group's queue longer than its default 5 s; this tenant's operator would rather they waited than be refused.
 
 1. Held: logged-in users keep arriving (two at once, then one 3 s after the previous one got in, up to 8;
    placement happens once, at the login) and burn CPU in their handlers (``/cpu?ms=200``), and one more user
@@ -87,6 +89,7 @@ tenants:
             command: ["{{python}}", "-m", "elasticd.demo"]
             concurrency: 4
             pool: {{min_workers: 1, max_workers: {MAX_WORKERS}}}
+            queue: {{timeout: 60s}}
 """
 
 _pool = PoolWatch(TENANT, APP, GROUP)  # every decision seen is kept in _pool.journal
