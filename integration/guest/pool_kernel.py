@@ -290,8 +290,14 @@ def s_pool_limits() -> tuple[str, dict[str, Any]]:
         check(not outside, f"routable workers' pids {outside} are not in {leaf}")
         kept = [w for w in grown["workers"] if w["id"] == first["id"]]
         check(kept and kept[0]["pid"] == first["pid"], f"the first worker (pid {first['pid']}) is now {kept}")
-        check(grown.get("held") is None, f"with cpu.max raised the pool API still shows held: {grown.get('held')}")
-        check(bound2.get("cpu") == 0, f"elasticd_group_limit_bound once grown: {bound2}, not cpu 0")
+        # The hold at 0.5 cores is over. Another may have begun already: the burst grows the group at once, and
+        # three workers burning can reach 90 % of the raised quota too — then it names that quota (2 cores).
+        again = grown.get("held")
+        check(again is None or again["limits"]["cpu"]["quota_cores"] == 2.0,
+              f"with cpu.max raised the pool API still shows the old hold: {again}")
+        held_at_two = [h for h in (again, _pool().get("held")) if h and h["limits"]["cpu"]["quota_cores"] == 2.0]
+        check(bound2.get("cpu") == 0 or held_at_two,
+              f"elasticd_group_limit_bound once grown: {bound2}, with no hold at the raised quota ({again})")
         check(grown.get("cpu_wall") == 1.0, f"cpu_wall is {grown.get('cpu_wall')} under a 2-core cpu.max")
         check(len(grown["workers"]) <= MAX_WORKERS, f"{len(grown['workers'])} workers, over max_workers")
     finally:
