@@ -112,7 +112,6 @@ def test_each_waits_its_own_timeout_and_the_depth_counts_wake_and_queue_together
     assert lot.terms(PARKED_QUEUE, "acme/shop/green") == (0, 5.0)  # the group's queue.timeout, said at park
     # at 7.5, with a 5 s timeout: those that came before 2.5 are overdue, oldest first; the rest wait on
     assert [client for client, _ in lot.release_older(PARKED_QUEUE, "acme/shop/green", 7.5 - 5.0)] == ["a", "b"]
-    assert lot.oldest(PARKED_QUEUE, "acme/shop/green") == 4.0
     found = lot.take_first(PARKED_QUEUE, "acme/shop/green", lambda wants: True)
     assert found is not None and found[0] == "c" and found[2] == 4.0
     assert not lot.holds(PARKED_QUEUE, "acme/shop/green") and lot.depth("acme/shop/green") == 1

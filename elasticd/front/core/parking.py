@@ -85,11 +85,6 @@ class ParkingLot(Generic[C]):
         return sum(len(spot.requests) for reason in (PARKED_WAKE, PARKED_QUEUE)
                    if (spot := self._spots[reason].get(key)) is not None)
 
-    def oldest(self, reason: Parked, key: str) -> float | None:
-        """When the spot's oldest request came; None for an empty spot."""
-        spot = self._spots[reason].get(key)
-        return spot.times[0] if spot is not None else None
-
     def park(self, reason: Parked, key: str, client: C, ex: Exchange, now: float, *, retry_after: int = 0,
              wait: float = 0.0, wants: str = "") -> None:
         spots = self._spots[reason]
