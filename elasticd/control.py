@@ -53,11 +53,13 @@ class DaemonParts:
 
 class DaemonControl:
     __slots__ = ("_capacity", "_cgroups", "_channel", "_config", "_front", "_last_reload", "_limits", "_pool",
-                 "_reload", "_sampler", "_started_at", "_supervisor", "config_path")
+                 "_reload", "_sampler", "_started_at", "_supervisor", "_upgrade", "_upgrade_state", "config_path")
 
     def __init__(self, parts: DaemonParts, *, config: Callable[[], Config], config_path: str,
                  reload: Callable[[], Awaitable[ReloadResult]],
-                 last_reload: Callable[[], ReloadResult | None]) -> None:
+                 last_reload: Callable[[], ReloadResult | None],
+                 upgrade: Callable[[], Awaitable[tuple[bool, str]]] | None = None,
+                 upgrade_state: Callable[[], dict[str, Any]] | None = None) -> None:
         self._supervisor = parts.supervisor
         self._front = parts.front
         self._pool = parts.pool
@@ -70,6 +72,8 @@ class DaemonControl:
         self._config = config
         self._last_reload = last_reload
         self._reload = reload
+        self._upgrade = upgrade
+        self._upgrade_state = upgrade_state
         self.config_path = config_path
         self._started_at = time.time()
 
@@ -79,6 +83,14 @@ class DaemonControl:
 
     async def reload(self) -> ReloadResult:
         return await self._reload()
+
+    async def upgrade(self) -> tuple[bool, str]:
+        if self._upgrade is None:
+            return False, "this elasticd cannot upgrade in place"
+        return await self._upgrade()
+
+    def upgrade_state(self) -> dict[str, Any]:
+        return self._upgrade_state() if self._upgrade_state is not None else {"under_way": False, "report": None}
 
     async def set_limits(self, tenant: str, body: Any) -> LimitsReply:
         return await self._limits.set(tenant, body)

@@ -21,8 +21,10 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -38,8 +40,10 @@ from elasticd.config import Config, ConfigError, PoolSettings, Quotas, Resources
 from elasticd.config.notices import balancer_warnings, isolation_warnings, restart_only_changes
 from elasticd.control import DaemonControl, DaemonParts, ReloadResult
 from elasticd.front import Front, RouteTable
+from elasticd.front.serving import BACKLOG
 from elasticd.limits.overrides import effective
 from elasticd.limits.runtime import RuntimeLimits
+from elasticd.listeners import Listeners
 from elasticd.metrics import MetricsServer
 from elasticd.monitor.auth import read_credentials
 from elasticd.monitor.page import MonitorPage
@@ -57,7 +61,11 @@ from elasticd.supervisor.lifecycle import GONE, WILL_SERVE, WorkerState
 from elasticd.supervisor.spawn import channel_path
 from elasticd.supervisor.supervisor import Supervisor
 from elasticd.supervisor.worker_process import Worker
-from elasticd.systemd import Notifier, setup_logging
+from elasticd.systemd import Notifier, forget_stored, listen_fds, setup_logging, store_listeners
+from elasticd.upgrade.inherited import close_strays, kept_descriptors
+from elasticd.upgrade.reexec import ReExec, read_inherited_state
+from elasticd.upgrade.state import FORMAT as STATE_FORMAT
+from elasticd.upgrade.state import SavedState
 from elasticd.upstream_lists import UpstreamLists
 from elasticd.worker_ids import parse_worker_id
 
@@ -89,22 +97,34 @@ class Daemon:
         "config_path",
         "control",
         "front",
+        "inherited",
         "last_reload",
         "limits",
+        "listeners",
         "metrics",
         "monitor",
         "mover",
         "notifier",
         "pool",
+        "reexec",
         "registry",
         "sampler",
         "supervisor",
         "upstreams",
     )
 
-    def __init__(self, config: Config, config_path: str) -> None:
+    def __init__(self, config: Config, config_path: str, inherited: SavedState | None = None,
+                 refused_state: str | None = None, stored: Mapping[str, list[int]] | None = None) -> None:
         self.config = config
         self.config_path = config_path
+        # A re-exec in place (upgrade/reexec.py): what the previous image handed over (None: a plain start), and why
+        # it could not be taken, if it could not.
+        self.inherited = (inherited, refused_state)
+        # Every listening socket, by name: the previous image's when it handed them over; kept for the next one.
+        # Every listening socket, by name: the previous image's when it handed them over, or systemd's store's after a
+        # restart (``stored``); held for the next image, and for the store.
+        self.listeners = Listeners(inherited.listeners if inherited is not None else stored)
+        self.listeners.on_discard = forget_stored
         self.notifier = Notifier()
         self.cgroups = Activation()
         server = config.server
@@ -132,7 +152,7 @@ class Daemon:
         self.pool.queued = lambda key: self.front.parked.depth("/".join(key))
         self.supervisor.wait_drained = lambda workers, timeout: self.pool.wait_drained([w.id for w in workers], timeout)
         self.channel = ChannelServer(server.runtime_dir, ChannelAuth(self.supervisor), self.pool.on_report,
-                                     interval=server.occupancy_interval)
+                                     interval=server.occupancy_interval, listeners=self.listeners)
         # Live moves: compaction and `elasticctl drain` carry each user's state to its next worker.
         self.mover = Mover(self.front, self.channel, on_end=self.pool.record_move, package_limit=self._package_limit)
         self.pool.mover = self.mover
@@ -145,7 +165,7 @@ class Daemon:
             DaemonParts(self.supervisor, self.front, self.pool, self.capacity, self.channel, self.cgroups, self.limits,
                         self.sampler),
             config=lambda: self.config, config_path=config_path, reload=self.reload,
-            last_reload=lambda: self.last_reload)
+            last_reload=lambda: self.last_reload, upgrade=self.upgrade, upgrade_state=lambda: self.reexec.state())
         self.monitor = MonitorPage(self.control.monitor_state)  # its credentials are read in run() (and at each reload)
         self.registry = RegistryPage(self.capacity.registry_apps)  # its secret too
         self.metrics = MetricsServer(server.metrics_listen, self.sampler, self._limits_in_force,
@@ -164,6 +184,7 @@ class Daemon:
         self._tasks = Background(log, "a background task of the daemon")  # activations, reloads, removals
         self._controllers: dict[str, frozenset[str]] = {}  # per tenant, read at each activation
         self._said: set[str] = set()  # warnings given once per start
+        self.reexec = ReExec(self)
 
     # ------------------------------------------------------------------ wiring for the parts
 
@@ -215,7 +236,8 @@ class Daemon:
 
     # ------------------------------------------------------------------ activation and reload
 
-    async def _activate(self, config: Config, previous: Config | None) -> list[str]:
+    async def _activate(self, config: Config, previous: Config | None,
+                        channel_inodes: Mapping[str, int] | None = None) -> list[str]:
         self.limits.forget_removed(config)
         # Run-time overrides are written over the config's values, so a reload does not undo them.
         problems = self.cgroups.write(config, lambda t: effective(config.tenants[t].resources,
@@ -236,7 +258,8 @@ class Daemon:
                                                          / server.sample_interval) + 1))
         # Each tenant's channel socket, in its own workers directory, before its workers start and announce.
         self.channel.configure(server.occupancy_interval)
-        problems.extend(await self.channel.serve({t: channel_path(server.runtime_dir, t) for t in config.tenants}))
+        problems.extend(await self.channel.serve({t: channel_path(server.runtime_dir, t) for t in config.tenants},
+                                                 channel_inodes))
         result = await self.supervisor.apply(config)
         problems.extend(result.problems)
         self.capacity.sync()  # (a launch's workers join their group only once all of them are routable)
@@ -268,6 +291,21 @@ class Daemon:
 
     def _track(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         return self._tasks.spawn(coroutine)
+
+    track = _track  # (the re-exec's hand-over runs as one of the daemon's tasks: a stop cancels it)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def reload_lock(self) -> asyncio.Lock:
+        return self._reload_lock
+
+    async def upgrade(self) -> tuple[bool, str]:
+        """A re-exec in place of the installed elasticd (upgrade/reexec.py): (True, what happens next) once the
+        preflight passed and the hand-over began; (False, why not) and nothing stopped."""
+        return await self.reexec.begin()
 
     async def reload(self) -> ReloadResult:
         """Parse and validate first: an invalid file changes nothing and its error is returned and logged.
@@ -303,33 +341,56 @@ class Daemon:
     # ------------------------------------------------------------------ run
 
     async def run(self) -> int:
+        saved, refused = self.inherited
+        server = self.config.server
         try:
-            self.monitor.credentials = read_credentials(self.config.server.monitor)
-            self.registry.publisher = read_registry(self.config.server.registry)
-            self.cgroups.claim(self.config.server.cgroups)
-            os.makedirs(os.path.join(self.config.server.runtime_dir, "workers"), mode=0o755, exist_ok=True)
-            await self.api.start()
-            await self.front.start()
-            await self.metrics.start()
+            self.monitor.credentials = read_credentials(server.monitor)
+            self.registry.publisher = read_registry(server.registry)
+            cgroups = server.cgroups
+            if saved is not None and saved.cgroup_base is not None and cgroups.path is None:
+                # The previous image moved this process from its own cgroup (the base) into <base>/server at its
+                # start: the base is the one it claimed, not the cgroup this process is in now.
+                cgroups = replace(cgroups, path=saved.cgroup_base)
+            self.cgroups.claim(cgroups)
+            os.makedirs(os.path.join(server.runtime_dir, "workers"), mode=0o755, exist_ok=True)
+            if saved is not None:
+                self.notifier.start_watchdog()  # (the previous image fed it until the exec: one process throughout)
+            await self.api.start(self.listeners)
+            if saved is None:  # (taking over, the front accepts once the workers are adopted: below)
+                await self.front.start(self._front_sockets())
+            await self.metrics.start(self.listeners.tcp("metrics", server.metrics_listen.host,
+                                                        server.metrics_listen.port, 128))
             # (the channel listens once an activation names the tenants: ChannelServer.serve)
             if self.agent is not None:
-                await self.agent.start()
+                await self.agent.start(self.listeners.tcp("agent", self.agent.address.host, self.agent.address.port,
+                                                          128))
         except (CgroupRefused, SocketInUse, ValueError, OSError) as exc:
             log.error("refusing to start: %s", exc)
             self.notifier.send(f"STATUS=refusing to start: {exc}")
             await self._shutdown()
             return 1
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
             loop.add_signal_handler(signum, self._on_signal, signum.name)
-        activation = self._track(self._activate(self.config, None))
+        self.reexec.adopt(saved, refused)
+        activation = self._track(self._activate(self.config, None,
+                                                saved.channel_inodes if saved is not None else None))
         stop = loop.create_task(self._stop.wait())
         await asyncio.wait({activation, stop}, return_when=asyncio.FIRST_COMPLETED)
         if activation.done() and not activation.cancelled() and activation.exception() is not None:
             stop.cancel()
             await self._shutdown()
             raise activation.exception()  # type: ignore[misc]  # a bug of ours: say so, as before
+        if saved is not None and not self._stop.is_set():
+            try:
+                await self.front.start(self._front_sockets())
+            except OSError as exc:
+                log.error("refusing to go on: the front cannot listen: %s", exc)
+                await self._shutdown()
+                return 1
+            await self.reexec.serving(saved)
         if not self._stop.is_set():
+            store_listeners(self.listeners)
             self._track(self.sampler.run(self.config.server.sample_interval))
             self._track(self.pool.run())
             self.notifier.ready(self.supervisor.summary())
@@ -345,6 +406,14 @@ class Daemon:
 
     def _on_sighup(self) -> None:
         self._track(self.reload())  # refused by reload() itself once stopping
+
+    def _on_sigusr2(self) -> None:
+        """A re-exec in place, as nginx's and PHP-FPM's USR2: its outcome is in the journal and ``GET /v1/upgrade``."""
+        self._track(self.upgrade())
+
+    def _front_sockets(self) -> list[socket.socket]:
+        listen = self.config.server.listen
+        return self.listeners.tcp("front", listen.host, listen.port, BACKLOG)
 
     def _on_sigterm(self) -> None:
         """A stop. Behind a balancer (server.agent_listen and server.stop_drain), the agent answers `drain` first,
@@ -384,6 +453,7 @@ class Daemon:
         if self.agent is not None:
             await self.agent.stop()
         await self.metrics.stop()
+        self.listeners.close_all()
         self.sampler.close()
         log.info("stopped")
 
@@ -399,6 +469,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="elasticd", description="Supervisor for multi-tenant Linux hosts.")
     parser.add_argument("--config", default=DEFAULT_CONFIG, help=f"configuration file (default {DEFAULT_CONFIG})")
     parser.add_argument("--check", action="store_true", help="validate the configuration and exit (0 ok, 1 not)")
+    parser.add_argument("--state-format", type=int, metavar="N",
+                        help="with --check: also refuse (1) unless this elasticd reads a re-exec state of format N "
+                             "(the preflight of `elasticctl upgrade`)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--version", action="version", version=f"elasticd {__version__}")
     return parser
@@ -415,8 +488,17 @@ def main(argv: list[str] | None = None) -> int:
             print(exc, file=sys.stderr)
             return 1
         groups = sum(1 for _ in config.groups())
+        if args.state_format is not None and args.state_format != STATE_FORMAT:
+            print(f"elasticd {__version__} reads a re-exec state of format {STATE_FORMAT}, not {args.state_format}: "
+                  "an upgrade in place to it cannot keep the workers (restart it instead)", file=sys.stderr)
+            return 1
         print(f"{args.config}: ok ({len(config.tenants)} tenants, {groups} groups)")
         return 0
+    # First, before anything opens a descriptor: what the previous image (a re-exec) or systemd (its store, after a
+    # restart) passed, and every other inherited descriptor closed (none is this image's to keep unnamed).
+    saved, refused = read_inherited_state(os.environ)
+    stored = listen_fds(os.environ)
+    close_strays(kept_descriptors(saved, stored))
     setup_logging(getattr(logging, args.log_level.upper()))
     try:
         config = load_config(args.config)
@@ -425,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     path = str(Path(args.config).resolve())
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(Daemon(config, path).run())
+        return runner.run(Daemon(config, path, saved, refused, stored).run())
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import socket
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -27,6 +28,7 @@ from elasticd.accounting.exposition import expose
 from elasticd.accounting.tenant_metrics import AccountingCollector, SampleSource
 from elasticd.aiohttp_grace import grace
 from elasticd.config.model import Address, Resources
+from elasticd.listeners import bind_tcp
 
 __all__ = ["AccountingCollector", "Collector", "MetricsServer", "SampleSource"]
 
@@ -109,7 +111,8 @@ class MetricsServer:
         # CONTENT_TYPE_LATEST carries a charset parameter, which web.Response(content_type=) refuses.
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def start(self) -> None:
+    async def start(self, sockets: Sequence[socket.socket] | None = None) -> None:
+        """Serve on ``sockets`` (the daemon's ``listeners.Listeners`` holds them), or on ones bound here."""
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         for add_routes in self._routes:
@@ -118,7 +121,8 @@ class MetricsServer:
         on_runner, on_site = grace(1.0)  # a scrape in progress at a stop is not worth waiting for
         self._runner = web.AppRunner(app, access_log=None, **on_runner)
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.address.host, self.address.port, **on_site).start()
+        for sock in sockets if sockets is not None else bind_tcp(self.address.host, self.address.port, 128):
+            await web.SockSite(self._runner, sock, **on_site).start()
         self.port = _bound_port(self._runner) or self.address.port
         log.info("metrics on http://%s/metrics", Address(self.address.host, self.port))
         if self._routes:

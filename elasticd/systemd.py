@@ -15,6 +15,7 @@ or WATCHDOG message waiting is replaced by the next of its kind (only the latest
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import logging
@@ -22,10 +23,16 @@ import os
 import socket
 import sys
 import time
+from collections.abc import MutableMapping
+from typing import TYPE_CHECKING, Final
 
 from elasticd.background import watch
 
-__all__ = ["Notifier", "notify_address", "setup_logging", "stderr_is_journal"]
+if TYPE_CHECKING:
+    from elasticd.listeners import Listeners
+
+__all__ = ["Notifier", "forget_stored", "listen_fds", "notify_address", "setup_logging", "stderr_is_journal",
+           "store_listeners"]
 
 log = logging.getLogger("elasticd.systemd")
 
@@ -189,6 +196,64 @@ def watchdog_interval(environ: os._Environ[str] | dict[str, str], pid: int) -> f
     except ValueError:
         return None
     return value / 2 / 1_000_000 if value > 0 else None
+
+
+# ---------------------------------------------------------------------- the file-descriptor store
+#
+# systemd keeps descriptors a service hands it (``FDSTORE=1`` with the descriptors attached, ``FileDescriptorStoreMax=``
+# in the unit) across a restart of the service, and passes them to the next start as sd_listen_fds(3) describes
+# (``LISTEN_FDS``, ``LISTEN_FDNAMES``, from descriptor 3). elasticd stores its listening sockets there: during a
+# ``systemctl restart`` (a real stop and start, every worker stopped) the sockets stay open in systemd, so a client's
+# connect waits in the backlog for the next start rather than being refused.
+
+# TCP only: a Unix socket's file is removed at the stop (and a socket without its file cannot be connected to); nor a
+# channel socket (FDNAME may not hold ":"), which no restart could use anyway: its workers stop with elasticd.
+_STORED: Final = ("front", "metrics", "agent")
+
+
+def store_listeners(listeners: Listeners) -> None:
+    """Hand the listening sockets to systemd's store (a no-op without NOTIFY_SOCKET). systemd keeps one copy of a
+    socket however often it is sent, so every start (and every re-exec) sends them all."""
+    address = notify_address(os.environ.get("NOTIFY_SOCKET"))
+    if address is None:
+        return
+    for name in _STORED:
+        fds = [sock.fileno() for sock in listeners.held_sockets(name)]
+        if fds:
+            _send_fds(address, f"FDSTORE=1\nFDNAME={name}".encode(), fds)
+
+
+def forget_stored(name: str) -> None:
+    """Ask systemd to drop what it stores under ``name`` (a socket for an address the configuration no longer has)."""
+    address = notify_address(os.environ.get("NOTIFY_SOCKET"))
+    if address is not None:
+        _send_fds(address, f"FDSTOREREMOVE=1\nFDNAME={name}".encode(), [])
+
+
+def _send_fds(address: str, message: bytes, fds: list[int]) -> None:
+    # One datagram with the descriptors attached, on a socket of its own: rare (at a start), and a full queue only
+    # costs the store (said once), never the daemon a blocked loop.
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC) as sock:
+            ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+            sock.sendmsg([message], ancillary, 0, address)
+    except OSError as exc:
+        log.warning("cannot hand sockets to systemd's store (%s): a restart refuses connections meanwhile",
+                    exc)
+
+
+def listen_fds(environ: MutableMapping[str, str]) -> dict[str, list[int]]:
+    """The descriptors systemd passed this start (sd_listen_fds(3): for this very pid), by name; the variables are
+    removed, so that a re-exec or a worker never reads them as its own."""
+    pid, count, names = (environ.pop(key, None) for key in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"))
+    if pid != str(os.getpid()) or not count or not count.isdigit():
+        return {}
+    labels = (names or "").split(":")
+    found: dict[str, list[int]] = {}
+    for index in range(int(count)):
+        name = labels[index] if index < len(labels) and labels[index] else "unknown"
+        found.setdefault(name, []).append(3 + index)
+    return found
 
 
 # sd-daemon(3) priority prefixes: journald reads "<N>" at the start of a stderr line as its priority.

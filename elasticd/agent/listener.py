@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+from collections.abc import Sequence
 from typing import Final
 
 from elasticd.agent.line import MAX_HINT, app_line, host_line, parse_hint
 from elasticd.agent.rooms import AgentRooms
 from elasticd.config.model import Address
+from elasticd.listeners import bind_tcp
 
 __all__ = ["HINT_WAIT", "AgentListener"]
 
@@ -34,9 +37,10 @@ class AgentListener:
         self.port: int | None = None
         self.stopping = False  # elasticd is stopping (server.stop_drain): every answer is `drain`
 
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._check, self.address.host, self.address.port,
-                                                  reuse_address=True)
+    async def start(self, sockets: Sequence[socket.socket] | None = None) -> None:
+        """Serve on ``sockets`` (the daemon's ``listeners.Listeners`` holds them), or on one bound here."""
+        sock = (sockets or bind_tcp(self.address.host, self.address.port, 128))[0]
+        self._server = await asyncio.start_server(self._check, sock=sock)
         port: int = self._server.sockets[0].getsockname()[1]
         self.port = port
         log.info("HAProxy agent-check answered on %s", Address(self.address.host, port))

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from elasticd.accounting.usage import parse_apps_flag, parse_interval_ms
 from elasticd.aiohttp_grace import grace
+from elasticd.listeners import Listeners
 
 __all__ = ["AdminApi", "Control", "ReloadOutcome", "SocketInUse"]
 
@@ -48,6 +49,8 @@ class Control(Protocol):
     def pool_state(self, tenant: str, app: str) -> dict[str, Any]: ...
     async def population(self, tenant: str, app: str) -> dict[str, Any]: ...
     async def drain(self, worker_id: str) -> dict[str, Any]: ...
+    async def upgrade(self) -> tuple[bool, str]: ...
+    def upgrade_state(self) -> dict[str, Any]: ...
 
 
 class SocketInUse(RuntimeError):
@@ -67,6 +70,8 @@ class AdminApi:
         app = web.Application(middlewares=[_json_errors])
         app.router.add_get("/v1/status", self._status)
         app.router.add_post("/v1/reload", self._reload)
+        app.router.add_post("/v1/upgrade", self._upgrade)
+        app.router.add_get("/v1/upgrade", self._upgrade_state)
         app.router.add_get("/v1/tenants", self._tenants)
         app.router.add_get("/v1/tenants/usage", self._usage)
         app.router.add_post("/v1/tenants/{tenant}/limits", self._set_limits)
@@ -76,19 +81,30 @@ class AdminApi:
         app.router.add_post("/v1/workers/{worker}/drain", self._drain)
         return app
 
-    async def start(self) -> None:
-        _claim_socket_path(self.path)
+    async def start(self, listeners: Listeners | None = None) -> None:
+        """Serve on the admin socket: the previous image's (a re-exec in place: ``listeners``), or bound now."""
+        listeners = listeners if listeners is not None else Listeners()
         # Resolve the group before binding, so a typo refuses to start rather than leaving a 0600 socket.
         gid = _group_id(self.group) if self.group else None
         on_runner, on_site = grace(STOP_GRACE)
         self._runner = web.AppRunner(self._app(), access_log=None, **on_runner)
         await self._runner.setup()
-        # The umask makes the socket private from its first instant; chmod then only ever widens it.
-        old_umask = os.umask(0o177)
-        try:
-            await web.UnixSite(self._runner, self.path, **on_site).start()
-        finally:
-            os.umask(old_umask)
+        sock = listeners.take_unix("admin", self.path)
+        if sock is None:
+            _claim_socket_path(self.path)
+            # The umask makes the socket private from its first instant; chmod then only ever widens it.
+            bound = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            old_umask = os.umask(0o177)
+            try:
+                bound.bind(self.path)
+                bound.listen(128)
+            except BaseException:
+                bound.close()
+                raise
+            finally:
+                os.umask(old_umask)
+            sock = listeners.hold("admin", bound)
+        await web.SockSite(self._runner, sock, **on_site).start()
         if gid is not None:
             os.chown(self.path, 0 if os.geteuid() == 0 else -1, gid)
             os.chmod(self.path, 0o660)
@@ -165,6 +181,18 @@ class AdminApi:
             return web.json_response({"ok": False, "error": outcome.error, "problems": outcome.problems},
                                      status=422)
         return web.json_response({"ok": True, "problems": outcome.problems})
+
+
+    async def _upgrade(self, request: web.Request) -> web.Response:
+        """202 once the preflight passed and the hand-over began (this connection ends with the exec: poll
+        ``GET /v1/upgrade`` for the report); 409 with the reason when refused (nothing was stopped)."""
+        began, message = await self._control.upgrade()
+        if not began:
+            return web.json_response({"ok": False, "error": message}, status=409)
+        return web.json_response({"ok": True, "message": message, **self._control.upgrade_state()}, status=202)
+
+    async def _upgrade_state(self, request: web.Request) -> web.Response:
+        return web.json_response(self._control.upgrade_state())
 
 
 @web.middleware

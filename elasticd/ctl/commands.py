@@ -17,6 +17,8 @@ from typing import Any
 from elasticd.accounting.high import SORTS, render_high
 from elasticd.config.units import UnitError, parse_duration
 from elasticd.monitor.terminal import render_population, render_watch
+from elasticd.upgrade.report import DONE as UPGRADE_DONE
+from elasticd.upgrade.report import describe as describe_upgrade
 
 from .client import DEFAULT_SOCKET, AdminClient, ApiError, CommandRefused, error_of
 from .render import render_limits, render_pool, render_status
@@ -42,6 +44,37 @@ async def _reload(client: AdminClient, args: argparse.Namespace) -> int:
         print("reloaded")
     return 0
 
+
+
+async def _upgrade(client: AdminClient, args: argparse.Namespace) -> int:
+    """Ask for the re-exec in place, then wait for the new image's report (the admin socket stays open across the
+    exec: a request in flight at that moment fails, and is asked again)."""
+    code, data = await client.request("POST", "/v1/upgrade")
+    if code != 202:
+        if args.json:
+            print(json.dumps(data, indent=2))
+        raise CommandRefused("upgrade refused", error_of(data, code))
+    if not args.json:
+        print(data.get("message", "upgrading"), file=sys.stderr)
+    deadline = time.monotonic() + args.timeout
+    state: Any = None
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+        try:
+            code, state = await client.request("GET", "/v1/upgrade")
+        except ApiError:
+            continue  # (the exec's moment)
+        if code == 200 and isinstance(state, dict) and not state.get("under_way"):
+            break
+        state = None
+    if state is None:
+        raise CommandRefused("upgrade", f"no report from elasticd within {args.timeout:g}s (see its journal)")
+    report = state.get("report") or {}
+    if args.json:
+        print(json.dumps(state, indent=2))
+    else:
+        print("\n".join(describe_upgrade(report)))
+    return 0 if report.get("outcome") == UPGRADE_DONE else 1
 
 
 async def _limit(client: AdminClient, args: argparse.Namespace) -> int:
@@ -228,6 +261,12 @@ def parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="what runs: cgroups, tenants, apps, workers")
     status.add_argument("--json", action="store_true", help="the raw JSON of GET /v1/status")
     status.set_defaults(run=_status)
+    upgrade = sub.add_parser("upgrade", help="re-execute the installed elasticd in place, keeping workers, users and "
+                                             "connections; print what was kept and the accept gap")
+    upgrade.add_argument("--json", action="store_true")
+    upgrade.add_argument("--timeout", type=float, default=120.0,
+                         help="seconds to wait for the new image's report (default 120)")
+    upgrade.set_defaults(run=_upgrade)
     reload = sub.add_parser("reload", help="re-read the config file (a refused file changes nothing)")
     reload.add_argument("--json", action="store_true")
     reload.set_defaults(run=_reload)

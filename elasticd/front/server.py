@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from functools import partial
@@ -41,6 +42,7 @@ from elasticd.front.links import ClientSide
 from elasticd.front.queueing import FrontQueue
 from elasticd.front.request_metrics import FrontCollector
 from elasticd.front.upstream import ConnectionPool, Upstream, UpstreamConn
+from elasticd.listeners import bind_tcp
 from elasticd.refusal_log import RefusalLog
 
 __all__ = ["Front", "WorkersFn"]
@@ -73,10 +75,11 @@ class Front:
         "_pools",
         "_probes",
         "_routes",
-        "_server",
+        "_servers",
         "_targets",
         "_timer",
         "_workers",
+        "carried",
         "clock",
         "conns",
         "forwards",
@@ -156,7 +159,9 @@ class Front:
         self._pools: dict[str, ConnectionPool] = {}
         self._probes: dict[str, asyncio.Task[None]] = {}
         self._connecting: set[asyncio.Task[tuple[asyncio.BaseTransport, UpstreamConn]]] = set()
-        self._server: asyncio.AbstractServer | None = None
+        self._servers: list[asyncio.AbstractServer] = []
+        # Tunnels carried over from the image before a re-exec (front/carried.py), until they close.
+        self.carried: set[Any] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._next_expiry = 0.0
 
@@ -195,26 +200,40 @@ class Front:
 
     # ------------------------------------------------------------------ life
 
-    def start(self) -> Coroutine[Any, Any, None]:
-        """Open the listener (awaitable; the coroutine is serving.py's, see there why)."""
-        return serving.listen(lambda: ClientConn(self), self._address.host, self._address.port, self._listening)
+    def start(self, sockets: Sequence[socket.socket] | None = None) -> Coroutine[Any, Any, None]:
+        """Serve on the listening sockets (the daemon's ``listeners.Listeners`` holds them: bound, or the previous
+        image's; none given: bound here) (awaitable; the coroutine is serving.py's, see there why)."""
+        if sockets is None:
+            sockets = bind_tcp(self._address.host, self._address.port, serving.BACKLOG)
+        return serving.listen(self.connection, sockets, self._listening)
 
-    def _listening(self, server: asyncio.AbstractServer) -> None:
-        self._server = server
+    def connection(self) -> ClientConn:
+        """A client connection's protocol (accepted here, or carried over a re-exec)."""
+        return ClientConn(self)
+
+    def _listening(self, servers: list[asyncio.AbstractServer]) -> None:
+        first = not self._servers and self._timer is None
+        self._servers = servers
         # (through Any: uvloop's server is no asyncio.Server, and its sockets are a list where asyncio's are a
         # tuple; a compiled front checks the declared type when it reads the attribute, and would refuse it)
-        listening: Any = server
+        listening: Any = servers[0]
         port: int = listening.sockets[0].getsockname()[1]
         self.port = port
-        self._timer = asyncio.get_running_loop().call_later(self._tick_interval(), self._tick)
-        log.info("front listening on %s", Address(self._address.host, port))
+        if first:
+            self._timer = asyncio.get_running_loop().call_later(self._tick_interval(), self._tick)
+            log.info("front listening on %s", Address(self._address.host, port))
+
+    def stop_accepting(self) -> None:
+        """Close the servers: their sockets stay open in ``Listeners`` (connections wait in the backlog)."""
+        servers, self._servers = self._servers, []
+        for server in servers:
+            server.close()
 
     def stop(self, grace: float = 10.0) -> Coroutine[Any, Any, None]:
         """Stop accepting; let answers under way finish (up to ``grace``); close every connection
         (awaitable)."""
         self.stopping = True
-        if self._server is not None:
-            self._server.close()
+        self.stop_accepting()
         for conn in list(self.conns):
             if conn.idle and conn.transport is not None:
                 conn.transport.close()
@@ -233,11 +252,14 @@ class Front:
             task.cancel()
         for worker_id in list(self._pools):
             self._drop_pool(worker_id)
-        self._server = None
+        for tunnel in list(self.carried):
+            tunnel.close()
 
     def tunnels_by_worker(self) -> dict[str, int]:
         """Open WebSocket tunnels per worker: counted from the connections themselves, so it cannot drift."""
         counts: dict[str, int] = {}
+        for carried in list(self.carried):
+            counts[carried.worker] = counts.get(carried.worker, 0) + 1
         for conn in list(self.conns):
             tunnel = cast("UpstreamConn | None", conn.tunnel)  # the listener made it: an UpstreamConn
             if tunnel is not None and not tunnel.closed:
@@ -247,7 +269,8 @@ class Front:
 
     def tunnels_of(self, user: str) -> int:
         """The user's open WebSocket tunnels (a live move waits until there are none: moving would cut them)."""
-        return sum(1 for conn in list(self.conns) if conn.tunnel_user == user and conn.tunnel is not None)
+        return (sum(1 for conn in list(self.conns) if conn.tunnel_user == user and conn.tunnel is not None)
+                + sum(1 for carried in list(self.carried) if carried.user == user))
 
     def in_flight(self, worker_id: str) -> int:
         """Requests on their way to or from a worker or node now: its pooled connections that are busy (O(1): a
@@ -380,7 +403,9 @@ class Front:
                         conn.timed_out()
                     except RelayError as exc:
                         conn.fail_closed(exc)
-
+            for carried in list(self.carried):
+                if now - carried.active_at > self.tunnel_timeout:
+                    carried.close()
             if now >= self._next_expiry:
                 self.surface.expire(now)
                 for request in self.forwards.sweep(now - self.stale_after):

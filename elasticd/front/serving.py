@@ -11,20 +11,23 @@ decisions stay in the front.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+import socket
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-__all__ = ["drain", "listen", "open_to", "probe"]
+__all__ = ["BACKLOG", "drain", "listen", "open_to", "probe"]
 
 P = TypeVar("P", bound=asyncio.BaseProtocol)
 
 
-async def listen(factory: Callable[[], asyncio.Protocol], host: str, port: int,
-                 listening: Callable[[asyncio.AbstractServer], None]) -> None:
-    """Open the front's TCP listener (an error, e.g. the port in use, is the awaiting caller's)."""
-    server = await asyncio.get_running_loop().create_server(factory, host, port, reuse_address=True,
-                                                            backlog=1024)
-    listening(server)
+async def listen(factory: Callable[[], asyncio.Protocol], sockets: Sequence[socket.socket],
+                 listening: Callable[[list[asyncio.AbstractServer]], None]) -> None:
+    """Serve on the front's listening sockets (bound already: ``listeners.Listeners``), one server each."""
+    loop = asyncio.get_running_loop()
+    listening([await loop.create_server(factory, sock=sock, backlog=BACKLOG) for sock in sockets])
+
+
+BACKLOG = 1024  # connections waiting to be accepted: a burst, and the clients that come during a re-exec's gap
 
 
 async def drain(busy: Callable[[], bool], grace: float, drained: Callable[[], None]) -> None:

@@ -47,6 +47,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from elasticd.frames import MAX_LINE, MAX_PAYLOAD, FrameError, encode, payload_size
+from elasticd.listeners import Listeners
 from elasticd.pool.pacing import ANNOUNCE_DEADLINE, REPLY_BUFFER_BOUND, ConnectionBudget, Pacing, Unannounced
 from elasticd.pool.report import Report, ReportError, parse_report
 from elasticd.refusal_log import RefusalLog
@@ -138,12 +139,16 @@ class _Listener:
 class ChannelServer:
     __slots__ = ("_accepts", "_authenticate", "_capabilities", "_clock", "_connections", "_interval", "_listeners",
                  "_log", "_next_id", "_on_report", "_pacing", "_peers", "_pending", "_refused", "_serving",
-                 "_unannounced", "runtime_dir")
+                 "_unannounced", "listeners", "runtime_dir")
 
     def __init__(self, runtime_dir: str, authenticate: Authenticate,
                  on_report: Callable[[str, Report, float], None], *, interval: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, listeners: Listeners | None = None) -> None:
         self.runtime_dir = runtime_dir
+        # Where each tenant's listening socket is held ("channel:<tenant>"): it outlives a re-exec in place, so the
+        # workers' libraries reconnect to it rather than being refused; and the socket files' inodes it was
+        # bound at, passed on with them (a tenant may replace the file in its own directory meanwhile).
+        self.listeners = listeners if listeners is not None else Listeners()
         self._authenticate = authenticate
         self._on_report = on_report
         self._interval = interval
@@ -198,7 +203,7 @@ class ChannelServer:
         for pacing in self._pacing.values():
             pacing.reconfigure(interval, now)
 
-    async def serve(self, tenants: Mapping[str, str]) -> list[str]:
+    async def serve(self, tenants: Mapping[str, str], inodes: Mapping[str, int] | None = None) -> list[str]:
         """Listen on each tenant's socket (tenant → path), stop listening for tenants no longer given; a socket
         file that is gone or was replaced (it is in the tenant's own directory) is bound afresh. Returns the
         problems (a tenant whose socket cannot be made is said, and the others are served)."""
@@ -212,7 +217,7 @@ class ChannelServer:
             if listener is not None:
                 await self._close_listener(tenant)
             try:
-                self._listeners[tenant] = await self._listen(tenant, path)
+                self._listeners[tenant] = await self._listen(tenant, path, (inodes or {}).get(tenant))
             except OSError as exc:
                 problems.append(f"tenant {tenant}: its channel socket {path} cannot be made: {exc}")
         return problems
@@ -279,10 +284,21 @@ class ChannelServer:
 
     # ------------------------------------------------------------------ listening
 
-    async def _listen(self, tenant: str, path: str) -> _Listener:
+    def inodes(self) -> dict[str, int]:
+        """Each tenant's socket file's inode when it was bound (a re-exec passes them on)."""
+        return {tenant: listener.inode for tenant, listener in self._listeners.items()}
+
+    async def _listen(self, tenant: str, path: str, inode: int | None = None) -> _Listener:
         """Bind the socket where only root may write (the runtime directory), give it its mode there, then move
         it into the tenant's directory: binding or chmod-ing in a directory the tenant owns would let it swap the
         path for a symlink in between (chmod follows one), and elasticd runs as root."""
+        name = f"channel:{tenant}"
+        inherited = self.listeners.take_unix(name, path)
+        if inherited is not None:
+            if inode is not None and _inode(path) == inode:
+                return self._watch(tenant, path, inherited, inode)
+            inherited.close()  # its file was replaced or removed meanwhile: bound afresh
+            self.listeners.release(name)
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)  # (the supervisor gives it to the tenant)
         staged = os.path.join(self.runtime_dir, f".channel.{tenant}.sock")
         with contextlib.suppress(FileNotFoundError):
@@ -295,16 +311,19 @@ class ChannelServer:
             inode = os.lstat(path).st_ino
             sock.setblocking(False)
             sock.listen(_BACKLOG)
-            budget = self._accepts.get(tenant)
-            if budget is None:  # (kept across a re-listen: removing the socket file refills nothing)
-                budget = self._accepts[tenant] = ConnectionBudget(self._clock())
-            listener = _Listener(tenant, path, sock, inode, budget)
-            asyncio.get_running_loop().add_reader(sock.fileno(), self._acceptable, listener)
         except BaseException:
             sock.close()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(staged)
             raise
+        return self._watch(tenant, path, self.listeners.hold(name, sock), inode)
+
+    def _watch(self, tenant: str, path: str, sock: socket.socket, inode: int) -> _Listener:
+        budget = self._accepts.get(tenant)
+        if budget is None:  # (kept across a re-listen: removing the socket file refills nothing)
+            budget = self._accepts[tenant] = ConnectionBudget(self._clock())
+        listener = _Listener(tenant, path, sock, inode, budget)
+        asyncio.get_running_loop().add_reader(sock.fileno(), self._acceptable, listener)
         return listener
 
     def _acceptable(self, listener: _Listener) -> None:
@@ -358,6 +377,7 @@ class ChannelServer:
         else:
             asyncio.get_running_loop().remove_reader(listener.sock.fileno())
         listener.sock.close()
+        self.listeners.release(f"channel:{tenant}")
         # Only our own socket file: the directory is the tenant's, and the name may hold something else by now.
         if _inode(listener.path) == listener.inode:
             with contextlib.suppress(FileNotFoundError):

@@ -28,7 +28,7 @@ from elasticd.supervisor.lifecycle import COUNTED, WILL_SERVE, WorkerState
 from elasticd.supervisor.plan import Desired, GroupKey, Plan, Running, plan
 from elasticd.supervisor.sandbox import inaccessible_path, sandbox_for, tmp_dirs
 from elasticd.supervisor.spawn import WorkerSpec, socket_dir, spec_for
-from elasticd.supervisor.worker_process import Worker, journal_for_workers
+from elasticd.supervisor.worker_process import Adopt, Worker, journal_for_workers
 from elasticd.worker_ids import format_worker_id
 
 __all__ = ["ApplyResult", "Supervisor"]
@@ -223,6 +223,60 @@ class Supervisor:
                         del self._alive[worker.id]
                     self.add_worker(key)
                     return
+
+    # ------------------------------------------------------------------ a re-exec in place
+
+    def alive(self) -> list[tuple[Worker, bool]]:
+        """Every worker started and not yet stopped, and whether it is in its group's list (False: retiring)."""
+        listed = {w.id for w in self.workers()}
+        return [(w, w.id in listed) for w in self._alive.values()]
+
+    def next_numbers(self) -> dict[GroupKey, int]:
+        """Per group, the last worker number given (a new image must not give a live worker's id again)."""
+        return dict(self._counters)
+
+    def adopt(self, config: Config, kept: Sequence[tuple[str, GroupKey, Adopt, int, bool]],
+              leaving: Sequence[tuple[str, GroupKey, Adopt, bool]], numbers: dict[GroupKey, int]) -> list[Worker]:
+        """Before the first ``apply`` of a new image: the previous image's workers, still this process's children.
+        ``kept`` (id, group, process, restarts, served): the same process of an unchanged group, back in its group's
+        list — ``apply`` then finds the group running as configured and starts nothing (but up to its floor).
+        ``leaving`` (id, group, process, sandboxed): of a group changed or removed, or retiring already: drained and
+        stopped in the background, as a reload does. Returns the adopted workers."""
+        desired = self.desired(config)
+        for key, number in numbers.items():
+            self._counters[key] = max(self._counters.get(key, 0), number)
+        adopted = []
+        for worker_id, key, process, restarts, served in kept:
+            want = desired[key]
+            entry = self._groups.get(key)
+            if entry is None:
+                entry = self._groups[key] = _Group(want, self._changed)
+            worker = self._adopted(worker_id, key, want.spec, sandboxed=want.spec.sandbox is not None)
+            entry.workers = (*entry.workers, worker)
+            worker.adopt(process, restarts=restarts, served=served)
+            adopted.append(worker)
+        retiring = []
+        for worker_id, key, process, sandboxed in leaving:
+            want_now = desired.get(key)
+            # (its own definition is the previous image's, not known here; nothing restarts it, a stop ends it)
+            spec = want_now.spec if want_now is not None else WorkerSpec((), (), "/", None)
+            worker = self._adopted(worker_id, key, spec, sandboxed=sandboxed)
+            worker.adopt(process, restarts=0, served=True)
+            retiring.append(worker)
+            adopted.append(worker)
+        if retiring:
+            drain = max((d.drain_timeout for d in desired.values()), default=30.0)
+            self._retire_later(retiring, drain)
+        return adopted
+
+    def _adopted(self, worker_id: str, key: GroupKey, spec: WorkerSpec, *, sandboxed: bool) -> Worker:
+        tenant, app, group = key
+        worker = Worker(worker_id, tenant, app, group, spec, runtime_dir=self.runtime_dir,
+                        occupancy_interval=self.occupancy_interval, systemd_cat=self.systemd_cat)
+        worker.sandboxed = sandboxed
+        worker.on_state = self._worker_state
+        self._alive[worker.id] = worker
+        return worker
 
     def workers_of(self, key: GroupKey) -> tuple[Worker, ...]:
         entry = self._groups.get(key)

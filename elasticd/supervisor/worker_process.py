@@ -28,6 +28,7 @@ from functools import partial
 import psutil
 
 from elasticd.background import watch
+from elasticd.supervisor.adopted import AdoptedProcess
 from elasticd.supervisor.backoff import RestartPolicy
 from elasticd.supervisor.lifecycle import WorkerState, transition
 from elasticd.supervisor.output import LINES_PER_SECOND, READ_CHUNK, LineSplitter, OutputBound
@@ -36,7 +37,10 @@ from elasticd.supervisor.sandbox_host import command_pid, present_masks
 from elasticd.supervisor.spawn import JournalStream, WorkerSpec, socket_path, spawn_argv, worker_env
 from elasticd.systemd import stderr_is_journal
 
-__all__ = ["Worker", "journal_for_workers"]
+__all__ = ["Adopt", "ChildProcess", "Worker", "journal_for_workers"]
+
+# The process a worker runs: one this image started, or one it adopted after a re-exec in place (adopted.py).
+ChildProcess = asyncio.subprocess.Process | AdoptedProcess
 
 log = logging.getLogger("elasticd.worker")
 
@@ -65,14 +69,28 @@ def journal_for_workers(environ: Mapping[str, str] | None = None) -> str | None:
     return systemd_cat
 
 
+class Adopt:
+    """What a worker adopted after a re-exec in place starts from: its running process, the token that process was
+    given, and the read end of its output pipe (None under journald, where the output is not elasticd's)."""
+
+    __slots__ = ("output", "process", "token")
+
+    def __init__(self, process: AdoptedProcess, token: str, output: int | None) -> None:
+        self.process = process
+        self.token = token
+        self.output = output
+
+
 class Worker:
     """Its states and their transitions are lifecycle.py's table; ``_set_state`` is the one place a state changes."""
 
     __slots__ = (
+        "_adopt",
         "_base_env",
         "_clock",
         "_exited",
         "_occupancy_interval",
+        "_output",
         "_output_bound",
         "_process",
         "_ready",
@@ -86,6 +104,7 @@ class Worker:
         "on_state",
         "policy",
         "restarts",
+        "sandboxed",
         "served",
         "socket_path",
         "spec",
@@ -108,6 +127,9 @@ class Worker:
         self.token = ""
         self.state = WorkerState.NEW
         self.restarts = 0
+        # Whether its command runs in a sandbox (a stop signals the command inside: sandbox_host). The spec's, or,
+        # for a worker adopted after a re-exec whose group went, the saved word.
+        self.sandboxed = spec.sandbox is not None
         # Whether its latest process became routable: an exit of one that did not is a start that failed (a broken
         # command), and the requests waiting for its group are answered at once; one that served and exited (killed,
         # crashed) is restarting, and they wait for it.
@@ -119,7 +141,9 @@ class Worker:
         self._occupancy_interval = occupancy_interval
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._clock = clock
-        self._process: asyncio.subprocess.Process | None = None
+        self._process: ChildProcess | None = None
+        self._output: io.FileIO | None = None  # the read end of its output pipe while elasticd relays it
+        self._adopt: Adopt | None = None  # set by ``adopt``: the first run watches that process instead of starting
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self._exited = asyncio.Event()
@@ -150,6 +174,21 @@ class Worker:
                 "uptime": round(uptime, 3) if uptime is not None else None, "restarts": self.restarts}
 
     # ------------------------------------------------------------------ lifecycle
+
+    def adopt(self, adopt: Adopt, *, restarts: int, served: bool) -> None:
+        """Take over a process the previous image started (a re-exec in place), then ``start``: it is watched as
+        if this image had started it (its socket is checked before it is routable), and restarted as any other
+        when it exits."""
+        self._adopt = adopt
+        self.token = adopt.token
+        self.restarts = restarts
+        self.served = served
+        self.start()
+
+    def output_fd(self) -> int | None:
+        """The read end of the running process's output pipe, when elasticd relays it (a re-exec passes it on)."""
+        output = self._output
+        return output.fileno() if output is not None and not output.closed else None
 
     def start(self) -> None:
         if self._task is None:
@@ -194,10 +233,10 @@ class Worker:
                 await process.wait()
         await self._end()
 
-    def _signal_command(self, process: asyncio.subprocess.Process, signum: int) -> None:
+    def _signal_command(self, process: ChildProcess, signum: int) -> None:
         """Signal the worker's command: the process elasticd started, or, for an isolated worker, the command inside
         its sandbox (``sandbox_host``: bubblewrap forwards no signal)."""
-        target = command_pid(process.pid) if self.spec.sandbox is not None else None
+        target = command_pid(process.pid) if self.sandboxed else None
         if target is None:
             process.send_signal(signum)
         else:
@@ -215,7 +254,8 @@ class Worker:
 
     async def _run(self) -> None:
         while not self._stop_requested:
-            returncode = await self._run_once()
+            adopt, self._adopt = self._adopt, None
+            returncode = await (self._run_adopted(adopt) if adopt is not None else self._run_once())
             if self._stop_requested:
                 return
             now = self._clock()
@@ -296,8 +336,26 @@ class Worker:
                 relayed.close()
         if process is None:
             return None
-        self._process = process
         log.info("worker %s started, pid %d", self.id, process.pid)
+        return await self._watch(process, relayed)
+
+    async def _run_adopted(self, adopt: Adopt) -> int | None:
+        served = self.served
+        self._ready.clear()
+        self.started_at = self._clock()
+        self._set_state(WorkerState.STARTING)
+        self.served = served  # (adopted: it served before the re-exec, whatever its socket says in a moment)
+        relayed = None
+        if adopt.output is not None:
+            os.set_blocking(adopt.output, False)
+            relayed = io.FileIO(adopt.output, "r")
+        log.info("worker %s adopted, pid %d", self.id, adopt.process.pid)
+        return await self._watch(adopt.process, relayed)
+
+    async def _watch(self, process: ChildProcess, relayed: io.FileIO | None) -> int | None:
+        """Relay its output, mark it routable once its socket accepts, and wait for its end."""
+        self._process = process
+        self._output = relayed
         pump = None
         if relayed is not None:
             pump = watch(asyncio.create_task(self._relay_output(relayed)), log, f"relaying worker {self.id}'s output")
@@ -320,7 +378,7 @@ class Worker:
             self._set_state(WorkerState.EXITED)
         return returncode
 
-    async def _await_socket(self, process: asyncio.subprocess.Process) -> None:
+    async def _await_socket(self, process: ChildProcess) -> None:
         """Routable = its socket accepts a connection (the worker contract)."""
         while process.returncode is None:
             try:

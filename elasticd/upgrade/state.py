@@ -16,10 +16,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Final
 
-__all__ = ["FORMAT", "SavedState", "SavedUser", "SavedWorker", "StateError", "digest", "dump", "load"]
+__all__ = ["FORMAT", "SavedHandover", "SavedState", "SavedTunnel", "SavedUser", "SavedWorker", "StateError", "digest",
+           "dump", "load"]
 
 FORMAT: Final = 1
 
@@ -41,6 +42,9 @@ class SavedWorker:
     spec: str  # ``digest`` of the definition it was started from
     restarts: int = 0
     served: bool = True
+    sandboxed: bool = False  # its command runs in a sandbox (a stop signals the command inside)
+    listed: bool = True  # in its group's list (False: it was being retired: the next image retires it too)
+    output: int | None = None  # the read end of its output pipe, kept open across the exec (None: journald's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,19 +60,61 @@ class SavedUser:
 
 
 @dataclass(frozen=True, slots=True)
+class SavedTunnel:
+    """A WebSocket tunnel in progress: its two connections' descriptors, kept open across the exec, and whose."""
+
+    client: int  # the client's connection
+    upstream: int  # the worker's connection
+    worker: str
+    user: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SavedHandover:
+    """How the step went on the old image's side, for the report the new image gives (``elasticctl upgrade``)."""
+
+    generation: int  # how many re-execs this process has been through before this one
+    version: str  # the old image's elasticd version
+    began: float  # when the upgrade was asked for (the monotonic clock)
+    stopped_accepting: float  # when the old image stopped accepting (the accept gap begins)
+    waited: float  # seconds the old image waited for requests in flight
+    cut: int  # requests still in flight past the grace: their connections closed
+    closed: int  # client connections that could not be carried (busy, closing, or a tunnel that would not settle)
+
+
+@dataclass(frozen=True, slots=True)
 class SavedState:
     workers: tuple[SavedWorker, ...] = ()
     users: tuple[SavedUser, ...] = ()
-    overrides: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # tenant → resource → value
+    # tenant → resource → its parsed value (limits/overrides.py: a number of bytes, a percentage, None for "max")
+    overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     buckets: Mapping[str, tuple[float, float]] = field(default_factory=dict)  # tenant → (tokens, at)
     next_ids: Mapping[str, int] = field(default_factory=dict)  # "tenant/app/group" → its next worker number
     written_at: float = 0.0  # the monotonic clock (shared by both images: one boot)
+    # Descriptors kept open across the exec: the listening sockets by name ("front", "metrics", "admin", "agent",
+    # "channel:<tenant>"), each channel socket file's inode (a tenant may replace the file in its own directory),
+    # the idle kept-alive client connections, and the WebSocket tunnels.
+    listeners: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    channel_inodes: Mapping[str, int] = field(default_factory=dict)
+    connections: tuple[int, ...] = ()
+    tunnels: tuple[SavedTunnel, ...] = ()
+    handover: SavedHandover | None = None
+    cgroup_base: str | None = None  # the cgroup base the old image claimed (it lives in <base>/server by now)
     format: int = FORMAT
 
 
 def digest(definition: object) -> str:
-    """A stable digest of a worker's definition (its spec's repr): equal definitions, equal digests."""
-    return hashlib.sha256(repr(definition).encode()).hexdigest()[:32]
+    """A stable digest of a worker's definition (a dataclass: its fields as canonical JSON): equal definitions,
+    equal digests, in any process (no repr of a set, whose order changes with the process's hash seed)."""
+    value = asdict(definition) if is_dataclass(definition) and not isinstance(definition, type) else definition
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=_canonical)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _canonical(value: object) -> object:
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    return repr(value)
 
 
 def dump(state: SavedState) -> bytes:
@@ -77,7 +123,11 @@ def dump(state: SavedState) -> bytes:
 
 _Shape = Mapping[str, type | tuple[type, ...]]
 _WORKER: Final[_Shape] = {"id": str, "tenant": str, "app": str, "group": str, "pid": int, "started": int,
-                  "socket_path": str, "token": str, "spec": str, "restarts": int, "served": bool}
+                  "socket_path": str, "token": str, "spec": str, "restarts": int, "served": bool,
+                  "sandboxed": bool, "listed": bool, "output": (int, type(None))}
+_TUNNEL: Final[_Shape] = {"client": int, "upstream": int, "worker": str, "user": (str, type(None))}
+_HANDOVER: Final[_Shape] = {"generation": int, "version": str, "began": (int, float), "stopped_accepting": (int, float),
+                            "waited": (int, float), "cut": int, "closed": int}
 _USER: Final[_Shape] = {"user": str, "worker": str, "group": str, "app": str, "login": (str, type(None)),
                 "seen": (int, float), "requests": int, "seconds": (int, float)}
 
@@ -99,13 +149,32 @@ def load(data: bytes) -> SavedState:
     overrides = {}
     for tenant, values in _map(raw.get("overrides", {}), "overrides").items():
         where = f"overrides.{tenant}"
-        overrides[tenant] = {name: _typed(value, str, f"{where}.{name}") for name, value in _map(values, where).items()}
+        overrides[tenant] = {name: _typed(value, (int, float, str, type(None)), f"{where}.{name}")
+                             for name, value in _map(values, where).items()}
     buckets = {tenant: _pair(value, f"buckets.{tenant}")
                for tenant, value in _map(raw.get("buckets", {}), "buckets").items()}
     next_ids = {key: _typed(value, int, f"next_ids.{key}")
                 for key, value in _map(raw.get("next_ids", {}), "next_ids").items()}
+    listeners = {name: tuple(_typed(fd, int, f"listeners.{name}[{i}]")
+                             for i, fd in enumerate(_seq(fds, f"listeners.{name}")))
+                 for name, fds in _map(raw.get("listeners", {}), "listeners").items()}
+    inodes = {tenant: _typed(value, int, f"channel_inodes.{tenant}")
+              for tenant, value in _map(raw.get("channel_inodes", {}), "channel_inodes").items()}
+    connections = tuple(_typed(fd, int, f"connections[{i}]") for i, fd in enumerate(_list(raw, "connections")))
+    tunnels = tuple(SavedTunnel(**_fields(item, _TUNNEL, f"tunnels[{i}]"))
+                    for i, item in enumerate(_list(raw, "tunnels")))
+    handover = raw.get("handover")
     return SavedState(workers, users, overrides, buckets, next_ids,
-                      float(_typed(raw.get("written_at", 0.0), (int, float), "written_at")))
+                      float(_typed(raw.get("written_at", 0.0), (int, float), "written_at")), listeners, inodes,
+                      connections, tunnels,
+                      SavedHandover(**_fields(handover, _HANDOVER, "handover")) if handover is not None else None,
+                      _typed(raw.get("cgroup_base"), (str, type(None)), "cgroup_base"))
+
+
+def _seq(value: object, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise StateError(f"{where}: not a list")
+    return value
 
 
 def _list(raw: Mapping[str, Any], name: str) -> list[Any]:
@@ -122,7 +191,8 @@ def _map(value: object, where: str) -> dict[str, Any]:
 
 
 def _typed(value: object, kind: type | tuple[type, ...], where: str) -> Any:
-    if (isinstance(value, bool) and kind is int) or not isinstance(value, kind):
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
         raise StateError(f"{where}: {value!r} is not of the right kind")
     return value
 

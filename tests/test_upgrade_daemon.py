@@ -1,0 +1,281 @@
+"""The re-exec in place, through the real daemon and real demo workers on a fake cgroup tree: under steady load with
+logged-in users and an open WebSocket, ``elasticctl upgrade`` keeps the daemon's pid, every worker's pid, every
+request answered, each user's in-process counter and the WebSocket echoing; then the same with a configuration
+changed in between; a refused preflight stops nothing; a state the new image cannot read starts fresh."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import aiohttp
+import psutil
+from harness import PYTHON, browse
+
+GROUP = """\
+tenants:
+  acme:
+    apps:
+      shop:
+        domains: [shop.localhost]
+        root: {root}
+        groups:
+          green:
+            command: ["{{python}}", "-m", "elasticd.demo"]
+            concurrency: 4
+            pool: {{min_workers: 2, max_workers: 2}}
+{more}"""
+BLOG = """\
+      blog:
+        domains: [blog.localhost]
+        root: {root}
+        groups:
+          green:
+            command: ["{{python}}", "-m", "elasticd.demo"]
+            pool: {{min_workers: 1, max_workers: 1}}
+"""
+FAST = "  occupancy_interval: 200ms\n  sample_interval: 200ms\n"
+KEY = "acme.shop.green"
+
+
+def _pids(d) -> dict[str, int]:
+    return {w["id"]: w["pid"] for w in d.workers("acme", "shop", "green") if w["state"] == "running"}
+
+
+class Load:
+    """Requests flat out from two clients until stopped: one opens a connection per request, one keeps its
+    connection alive (a client that sends its next request on a connection the front is handing over). Every
+    answer that is not a 200, and every connection error, is a failure."""
+
+    def __init__(self, d) -> None:
+        self.d = d
+        self.stop = threading.Event()
+        self.answered = 0
+        self.failures: list[str] = []
+        self.threads = [threading.Thread(target=self._fresh), threading.Thread(target=self._kept)]
+
+    def __enter__(self) -> Load:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(30)
+
+    def _fresh(self) -> None:
+        while not self.stop.is_set():
+            try:
+                code, _, _ = browse(self.d, "/")
+                self._count(code, "a fresh connection")
+            except OSError as error:
+                self.failures.append(f"a fresh connection: {error!r}")
+            time.sleep(0.01)
+
+    def _kept(self) -> None:
+        conn = http.client.HTTPConnection(self.d.host, self.d.port, timeout=30)
+        while not self.stop.is_set():
+            try:
+                conn.request("GET", "/", headers={"Host": "shop.localhost"})
+                response = conn.getresponse()
+                response.read()
+                self._count(response.status, "a kept-alive connection")
+            except (OSError, http.client.HTTPException) as error:
+                self.failures.append(f"a kept-alive connection: {error!r}")
+                conn.close()
+                conn = http.client.HTTPConnection(self.d.host, self.d.port, timeout=30)
+            time.sleep(0.01)
+        conn.close()
+
+    def _count(self, code: int, what: str) -> None:
+        self.answered += 1
+        if code != 200:
+            self.failures.append(f"{what}: {code}")
+
+
+class Echoes:
+    """A WebSocket through the front, sending a message every 100 ms and reading its echo, in a thread."""
+
+    def __init__(self, d, cookie: str) -> None:
+        self.d = d
+        self.cookie = cookie
+        self.seen: list[str] = []
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()))
+
+    async def _run(self) -> None:
+        try:
+            async with aiohttp.ClientSession() as session, session.ws_connect(
+                    f"http://{self.d.host}:{self.d.port}/ws",
+                    headers={"Host": "shop.localhost", "Cookie": f"elastic_uid={self.cookie}"}) as ws:
+                i = 0
+                while not self.stop.is_set():
+                    await ws.send_str(f"m{i}")
+                    self.seen.append((await ws.receive(timeout=10)).data)
+                    i += 1
+                    await asyncio.sleep(0.1)
+        except BaseException as error:  # noqa: BLE001 - said by the test
+            self.error = error
+
+    def __enter__(self) -> Echoes:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def _counter(d, cookie: str) -> dict:
+    code, body, _ = browse(d, "/counter", cookie)
+    assert code == 200, body
+    return json.loads(body)
+
+
+def _upgrade(d) -> dict:
+    result = d.ctl("upgrade", "--json")
+    assert result.returncode == 0, (result.stdout, result.stderr, d.log_text()[-3000:])
+    return json.loads(result.stdout)
+
+
+def _users(d, names: list[str]) -> dict[str, tuple[str, int]]:
+    """Each user logged in and its counter counted up: name → (cookie, count)."""
+    users = {}
+    for name in names:
+        _, _, cookie = browse(d, "/")
+        assert browse(d, f"/login?name={name}", cookie)[0] == 200
+        for _ in range(3):
+            count = _counter(d, cookie)["count"]
+        users[name] = (cookie, count)
+    return users
+
+
+def test_an_upgrade_under_load_keeps_pids_users_requests_and_a_websocket(daemons, tmp_path):
+    d = daemons(GROUP.format(root=tmp_path, more=""), extra_server=FAST)
+    d.start()
+    d.wait_workers("acme", "shop", "green", lambda ws: sum(w["state"] == "running" for w in ws) == 2)
+    d.announced(2)
+    before = _pids(d)
+    users = _users(d, ["alice", "bob", "carol"])
+    where = {name: _counter(d, cookie)["worker"] for name, (cookie, _) in users.items()}
+    users = {name: (cookie, count + 1) for name, (cookie, count) in users.items()}
+    daemon_pid = d.process.pid
+    with Load(d) as load, Echoes(d, users["alice"][0]) as echoes:
+        time.sleep(1.0)
+        first = _upgrade(d)
+        time.sleep(1.0)
+        # the second image upgrades again (a re-exec of a re-exec), the configuration changed in between: a new app
+        d.write_config(GROUP.format(root=tmp_path, more=BLOG.format(root=tmp_path)))
+        second = _upgrade(d)
+        time.sleep(1.0)
+    assert echoes.error is None, (echoes.error, echoes.seen[-5:], first, load.failures[:5], d.log_text()[-5000:])
+    assert load.failures == [], (load.failures[:10], d.log_text()[-4000:])
+    assert load.answered > 50
+    report = first["report"]
+    assert report["outcome"] == "done", report
+    assert sorted(report["kept"]) == sorted(before), report
+    assert report["not_kept"] == [] and report["users_kept"] >= 3, report
+    assert report["tunnels"] == 1, report  # the WebSocket, carried
+    assert report["accept_gap"] is not None and report["accept_gap"] < 10, report
+    assert second["report"]["outcome"] == "done" and second["report"]["generation"] == 2, second
+    assert second["report"]["tunnels"] == 1, second  # carried twice
+    assert second["pid"] == first["pid"] == daemon_pid and psutil.pid_exists(daemon_pid)
+    assert d.process.poll() is None
+    assert _pids(d) == before  # no worker restarted
+    for name, (cookie, count) in users.items():
+        now = _counter(d, cookie)
+        assert now["count"] == count + 1 and now["worker"] == where[name], (name, now, count)
+    messages = echoes.seen
+    assert len(messages) > 20 and messages == [f"{KEY}.{messages[0].split(':')[0].rsplit('.', 1)[1]}: m{i}"
+                                               for i in range(len(messages))], messages
+    code, body, _ = d.get("blog.localhost", "/")
+    assert code == 200 and "acme.blog.green.1" in body, body  # the new app, started by the second image
+
+
+def test_a_refused_preflight_stops_nothing(daemons, tmp_path):
+    d = daemons(GROUP.format(root=tmp_path, more=""), extra_server=FAST)
+    d.start()
+    d.wait_workers("acme", "shop", "green", lambda ws: sum(w["state"] == "running" for w in ws) == 2)
+    before = _pids(d)
+    d.config_path.write_text(d.config_path.read_text() + "  nonsense: [\n")
+    result = d.ctl("upgrade")
+    assert result.returncode == 1
+    assert "upgrade refused" in result.stderr and "--check" in result.stderr, result.stderr
+    assert _pids(d) == before
+    assert d.get("shop.localhost", "/")[0] == 200
+    code, state = _get_state(d)
+    assert code == 200 and state["report"]["outcome"] == "refused" and not state["under_way"], state
+
+
+def test_sigusr2_upgrades_and_a_changed_group_is_replaced(daemons, tmp_path):
+    d = daemons(GROUP.format(root=tmp_path, more=""), extra_server=FAST)
+    d.start()
+    d.wait_workers("acme", "shop", "green", lambda ws: sum(w["state"] == "running" for w in ws) == 2)
+    before = _pids(d)
+    # The group's definition changes (its environment): its workers are not adopted but replaced, as a reload would.
+    d.write_config(GROUP.format(root=tmp_path, more="").replace("concurrency: 4", "concurrency: 4\n            "
+                                                                               "env: {GREETING: hi}"))
+    mark = len(d.notify.messages)
+    d.signal(signal.SIGUSR2)
+    d.notify.wait_for("RELOADING", "1", after=mark)
+    d.notify.wait_for("READY", "1", after=mark, timeout=60)
+    deadline = time.monotonic() + 30
+    while True:
+        code, text = _get_state(d)
+        if code == 200 and text["report"] is not None and not text["under_way"]:
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    report = text["report"]
+    assert report["outcome"] == "done" and report["kept"] == [], report
+    assert sorted(n["worker"] for n in report["not_kept"]) == sorted(before), report
+    assert {n["verdict"] for n in report["not_kept"]} == {"changed"}, report
+    after = d.wait_workers("acme", "shop", "green", lambda ws: sum(w["state"] == "running" for w in ws) == 2)
+    assert not set(w["pid"] for w in after) & set(before.values())
+    assert d.get("shop.localhost", "/")[0] == 200
+    deadline = time.monotonic() + 30
+    while any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+              for pid in before.values()):
+        assert time.monotonic() < deadline, "the changed group's old workers were never stopped"
+        time.sleep(0.1)
+
+
+def _get_state(d) -> tuple[int, dict]:
+    import socket as socket_module
+    with socket_module.socket(socket_module.AF_UNIX) as sock:
+        sock.settimeout(10)
+        sock.connect(str(d.admin))
+        sock.sendall(b"GET /v1/upgrade HTTP/1.0\r\nHost: elasticd\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def test_a_state_that_cannot_be_read_starts_fresh(daemons, tmp_path):
+    """A state document of another format (an older or a newer elasticd's): the new image starts as a fresh start
+    does, and says so in its log and its report."""
+    d = daemons(GROUP.format(root=tmp_path, more=""), extra_server=FAST)
+    memfd = os.memfd_create("state", 0)
+    os.write(memfd, b'{"format": 999, "workers": []}')
+    env = {**os.environ, "NOTIFY_SOCKET": str(d.notify.path), "ELASTICD_UPGRADE_STATE": str(memfd)}
+    d.log = open(d.log_path, "ab")  # noqa: SIM115 - closed by d.stop()
+    d.process = subprocess.Popen([PYTHON, "-m", "elasticd.daemon", "--config", str(d.config_path)], env=env,
+                                 stdout=d.log, stderr=subprocess.STDOUT, pass_fds=[memfd])
+    os.close(memfd)
+    d.notify.wait_for("READY", "1")
+    d.wait_workers("acme", "shop", "green", lambda ws: sum(w["state"] == "running" for w in ws) == 2)
+    code, state = _get_state(d)
+    assert code == 200 and state["report"]["outcome"] == "fresh", state
+    assert "format 999: this elasticd reads format 1" in state["report"]["error"], state
+    assert "cannot be taken" in d.log_text()
+    assert d.get("shop.localhost", "/")[0] == 200
