@@ -122,7 +122,7 @@ class Echoes:
                     self.seen.append((await ws.receive(timeout=10)).data)
                     i += 1
                     await asyncio.sleep(0.1)
-        except BaseException as error:  # noqa: BLE001 - said by the test
+        except BaseException as error:
             self.error = error
 
     def __enter__(self) -> Echoes:

@@ -34,7 +34,7 @@ def test_the_state_is_read_back_as_it_was_written():
     (lambda d: d["workers"][0].update(pid=True), "workers[0].pid: True is not of the right kind"),
     (lambda d: d["workers"][0].update(extra=1), "workers[0]: unknown field 'extra'"),
     (lambda d: d["users"][0].update(login=7), "users[0].login: 7 is not of the right kind"),
-    (lambda d: d.update(overrides={"acme": {"cpu": 40}}), "overrides.acme.cpu: 40 is not of the right kind"),
+    (lambda d: d.update(overrides={"acme": {"cpu": [40]}}), "overrides.acme.cpu: [40] is not of the right kind"),
     (lambda d: d.update(buckets={"acme": [1.0]}), "buckets.acme: not a pair"),
     (lambda d: d.update(workers={}), "workers: not a list"),
 ])

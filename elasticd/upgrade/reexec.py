@@ -33,7 +33,8 @@ import os
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import psutil
 
@@ -58,7 +59,39 @@ from elasticd.upgrade.state import (
 )
 
 if TYPE_CHECKING:
-    from elasticd.daemon import Daemon
+    from elasticd.cgroup.activation import Activation
+    from elasticd.config import Config
+    from elasticd.front import Front
+    from elasticd.limits.runtime import RuntimeLimits
+    from elasticd.listeners import Listeners
+    from elasticd.pool.channel_server import ChannelServer
+    from elasticd.pool.manager import PoolManager
+    from elasticd.pool.mover import Mover
+    from elasticd.supervisor.supervisor import Supervisor
+    from elasticd.systemd import Notifier
+
+
+class UpgradeHost(Protocol):
+    """The daemon, as the re-exec reads and drives it (a Protocol: this module does not import the daemon's)."""
+
+    config: Config
+    supervisor: Supervisor
+    front: Front
+    pool: PoolManager
+    mover: Mover
+    channel: ChannelServer
+    limits: RuntimeLimits
+    cgroups: Activation
+    listeners: Listeners
+    notifier: Notifier
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def reload_lock(self) -> asyncio.Lock: ...
+
+    def track(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
 
 __all__ = ["STATE_ENV", "ReExec", "exec_argv", "read_inherited_state"]
 
@@ -98,7 +131,7 @@ def read_inherited_state(environ: dict[str, str] | os._Environ[str]) -> tuple[Sa
 class ReExec:
     __slots__ = ("_began", "_daemon", "_gap_began", "generation", "report", "under_way")
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: UpgradeHost) -> None:
         self._daemon = daemon
         self.under_way = False
         self.report: UpgradeReport | None = None

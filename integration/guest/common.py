@@ -453,7 +453,7 @@ def tenant_user(tenant: str) -> str:
 
 # The tenants of the scenarios with a configuration of their own (small_config, 12-pool, 13-pool-limits,
 # 21-bursts).
-OTHER_TENANTS = ("solo", "elastic", "capped", "bursty")
+OTHER_TENANTS = ("solo", "elastic", "capped", "bursty", "steady")
 
 
 def suite_users() -> list[str]:

@@ -22,6 +22,8 @@ This is the one entry point; the scenarios live beside it, one module per subjec
   hostile_worker.py, which run.py copies beside this file).
 - ``view.py``: 20, issue #28 (each tenant's own view of the host: tests/apps/view_probe.py, copied as above);
 - ``bursts.py``: 21, issue #31 (a killed worker's requests held for its restart; a leak recycled at max_rss).
+- ``upgrade.py``: 22, issue #32 (dpkg -i of a newer build re-executes elasticd in place; systemctl restart refuses
+  no connection).
 
 Plain python3 and the standard library only: this judges elasticd from the outside, the way an operator
 would, through systemctl, the journal, the front (HTTP with Host headers), the admin socket, elasticctl,
@@ -68,6 +70,7 @@ from isolation import s_isolation  # noqa: E402
 from live_move import s_move  # noqa: E402
 from pool_kernel import s_pool_limits  # noqa: E402
 from runtime_limits import s_limits  # noqa: E402
+from upgrade import s_upgrade  # noqa: E402
 from view import s_view  # noqa: E402
 
 SCENARIO_TIMEOUT = 300  # seconds; the host's timeout bounds the whole run as well
@@ -107,6 +110,9 @@ SCENARIOS: list[tuple[str, str, Scenario]] = [
      "files; a stop reaches the command in its sandbox; systemd-analyze security <= 4.0", s_view),
     ("21-bursts", "the only worker of a cpu: 30% tenant SIGKILLed under load: no 503, only its in-flight requests "
      "fail; a leaking handler is recycled at max_rss before memory.max (oom_kill stays 0)", s_bursts),
+    ("22-upgrade", "dpkg -i of a newer build under load: the postinst re-executes elasticd in place — same MainPID, "
+     "no worker restarted, no request failed, users keep their state, a WebSocket echoes on; systemctl restart: "
+     "no connection refused", s_upgrade),
 ]
 
 
@@ -161,7 +167,7 @@ def main() -> int:
     # The suite's app roots, but the shipped example's: the postinst makes those (its users', 0750), and 00-install
     # checks that it did.
     shipped = {root for _user, root in DEB_ROOTS}
-    for tenant, app, _, _ in [*SUITE_APPS, ("solo", "web", "", 1)]:
+    for tenant, app, _, _ in [*SUITE_APPS, ("solo", "web", "", 1), ("steady", "web", "", 2)]:
         if str(Path("/srv", tenant, app)) not in shipped:
             Path("/srv", tenant, app).mkdir(parents=True, exist_ok=True)
     passed = failed = 0
