@@ -9,14 +9,18 @@ import asyncio
 import http.client
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import aiohttp
 import psutil
 from harness import PYTHON, browse
+
+import elasticd
 
 GROUP = """\
 tenants:
@@ -279,3 +283,24 @@ def test_a_state_that_cannot_be_read_starts_fresh(daemons, tmp_path):
     assert "format 999: this elasticd reads format 1" in state["report"]["error"], state
     assert "cannot be taken" in d.log_text()
     assert d.get("shop.localhost", "/")[0] == 200
+
+
+def test_a_broken_install_is_refused_by_the_preflight_and_the_old_image_serves_on(daemons, tmp_path):
+    """The installed package broken (a module that no longer imports): the preflight, which runs the installed code,
+    refuses; the running elasticd, which loaded its code before, serves on with every worker."""
+    installed = tmp_path / "site"
+    shutil.copytree(Path(elasticd.__file__).parent, installed / "elasticd",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    d = daemons(GROUP.format(root=tmp_path, more=""), extra_server=FAST)
+    # Started from the copy (`-m` imports from the working directory first), as the installed package would be.
+    env = {**os.environ, "NOTIFY_SOCKET": str(d.notify.path)}
+    d.log = open(d.log_path, "ab")  # noqa: SIM115 - closed by d.stop()
+    d.process = subprocess.Popen([PYTHON, "-m", "elasticd.daemon", "--config", str(d.config_path)], env=env,
+                                 cwd=installed, stdout=d.log, stderr=subprocess.STDOUT)
+    d.notify.wait_for("READY", "1")
+    d.wait_workers("acme", "shop", "green", lambda ws: sum(w["state"] == "running" for w in ws) == 2)
+    before = _pids(d)
+    (installed / "elasticd" / "daemon.py").write_text("raise ImportError('a half-written upgrade')\n")
+    result = d.ctl("upgrade")
+    assert result.returncode == 1 and "a half-written upgrade" in result.stderr, result.stderr
+    assert _pids(d) == before and d.get("shop.localhost", "/")[0] == 200

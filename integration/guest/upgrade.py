@@ -269,25 +269,47 @@ def _scenario() -> tuple[str, dict[str, Any]]:
         f"0 failed, {len(echoes.seen)} echoes, tunnels carried {report['tunnels']}")
 
     # systemctl restart: every worker restarts, and no connection is refused meanwhile.
+    counts, restart_seconds = _restart_under_probe()
+    check(counts["refused"] == 0, f"connections refused during systemctl restart: {counts}")
+    check(counts["answered"] > 0, f"nothing answered around the restart: {counts}")
+    say(f"systemctl restart ({restart_seconds:.1f}s): {counts}")
+    # The control: the same restart without the store (a drop-in FileDescriptorStoreMax=0) refuses connections, so
+    # the figure above is the store's doing.
+    dropin = Path("/run/systemd/system/elasticd.service.d/it-no-store.conf")
+    dropin.parent.mkdir(parents=True, exist_ok=True)
+    dropin.write_text("[Service]\nFileDescriptorStoreMax=0\n")
+    try:
+        systemctl("daemon-reload")
+        systemctl("stop", UNIT)  # (the store is let go once the unit is stopped with no job queued)
+        systemctl("start", UNIT)
+        wait_for(lambda: len(_pids()) == 2, 120, 0.5)
+        without, _ = _restart_under_probe()
+    finally:
+        dropin.unlink()
+        systemctl("daemon-reload")
+    check(without["refused"] > 0, f"the control: a restart without the store refused nothing: {without}")
+    say(f"the same restart without the store: {without}")
+    return (f"dpkg -i under load: {load.answered} requests, 0 failed, 0 workers restarted, MainPID kept, accept gap "
+            f"{gap:.2f}s; systemctl restart: {counts['refused']} refused of {sum(counts.values())} connects "
+            f"(without the store: {without['refused']} of {sum(without.values())})",
+            {"accept_gap": gap, "dpkg_seconds": round(dpkg_seconds, 1), "requests": load.answered,
+             "echoes": len(echoes.seen), "report": report, "restart": counts,
+             "restart_seconds": round(restart_seconds, 1), "restart_without_store": without})
+
+
+def _restart_under_probe() -> tuple[dict[str, int], float]:
     counts = {"answered": 0, "refused": 0, "empty": 0, "other": 0}
     stop = threading.Event()
     prober = threading.Thread(target=_connect_refusals, args=(240.0, stop, counts), daemon=True)
     prober.start()
     time.sleep(2)
-    restarted, restart_seconds = _timed(lambda: systemctl("restart", UNIT))
+    restarted, seconds = _timed(lambda: systemctl("restart", UNIT))
     check(restarted.returncode == 0, f"systemctl restart failed: {restarted.stderr}")
     wait_for(lambda: len(_pids()) == 2, 120, 0.5)
     time.sleep(3)
     stop.set()
     prober.join(300)
-    check(counts["refused"] == 0, f"connections refused during systemctl restart: {counts}")
-    check(counts["answered"] > 0, f"nothing answered around the restart: {counts}")
-    say(f"systemctl restart ({restart_seconds:.1f}s): {counts}")
-    return (f"dpkg -i under load: {load.answered} requests, 0 failed, 0 workers restarted, MainPID kept, accept gap "
-            f"{gap:.2f}s; systemctl restart: {counts['refused']} refused of {sum(counts.values())} connects",
-            {"accept_gap": gap, "dpkg_seconds": round(dpkg_seconds, 1), "requests": load.answered,
-             "echoes": len(echoes.seen), "report": report, "restart": counts,
-             "restart_seconds": round(restart_seconds, 1)})
+    return counts, seconds
 
 
 def _timed(fn: Any) -> tuple[Any, float]:
