@@ -7,7 +7,11 @@
    requests failed, workers restarted (pids before and after), users whose in-process counter went back, the
    accept gap (the report's: the old image stops accepting → the new one accepts), the longest a client waited for
    one answer across the step, and the step's wall time. Goals: 0 failed, 0 restarted, 0 users reset.
-2. **idle**: 1,000 apps at ``min_workers: 0`` (idle: no worker) and one app of two workers: ``elasticctl upgrade``'s
+2. **hostile**: the same, but tenant a's client holds a request of 20 s in flight at the moment of the upgrade (a
+   long poll, or a hostile tenant's handler that never answers): the old image waits for it up to the grace
+   (``server.stop_timeout``, 5 s here) while no one's new connection is accepted. Counted: the neighbours' (b, c,
+   d) failures and longest wait, and what became of a's request (cut: its connection closes without an answer).
+3. **idle**: 1,000 apps at ``min_workers: 0`` (idle: no worker) and one app of two workers: ``elasticctl upgrade``'s
    wall time and accept gap, against 10 apps on the same machine (what the apps' count costs a re-exec).
 """
 
@@ -161,6 +165,43 @@ def bench_load(rounds: int) -> None:
             d.kill_leftovers()
 
 
+def bench_hostile(rounds: int) -> None:
+    from harness import Daemon
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Daemon(Path(tmp), _tenants(tmp, dict.fromkeys(APPS, 2)), stop_timeout="5s")
+        try:
+            d.start()
+            _wait_running(d, APPS, 2 * len(APPS))
+            print("hostile: tenant a holds a 20 s request in flight; b, c, d: 6 clients flat out; grace 5 s")
+            for _ in range(rounds):
+                outcome: list[str] = []
+
+                def hold() -> None:
+                    conn = http.client.HTTPConnection(d.host, d.port, timeout=120)
+                    try:
+                        conn.request("GET", "/sleep?ms=20000", headers={"Host": "a.localhost"})
+                        outcome.append(str(conn.getresponse().status))
+                    except (OSError, http.client.HTTPException) as exc:
+                        outcome.append(type(exc).__name__)
+                    finally:
+                        conn.close()
+
+                holder = threading.Thread(target=hold)
+                with Clients(d, ["b", "c", "d"]) as clients:
+                    holder.start()
+                    time.sleep(1.0)
+                    wall, report = _upgrade(d)
+                    time.sleep(1.0)
+                holder.join(60)
+                print(f"  neighbours: requests {sum(clients.codes.values())}, failed {clients.failed()}, slowest "
+                      f"answer {clients.slowest:.2f} s; accept gap {report['accept_gap'] * 1000:.0f} ms (waited "
+                      f"{report['waited']:.2f} s for requests in flight, cut {report['cut']}); a's request: "
+                      f"{outcome}; step {wall:.2f} s")
+        finally:
+            d.stop()
+            d.kill_leftovers()
+
+
 def bench_idle(rounds: int) -> None:
     from harness import Daemon
     for count in (10, 1000):
@@ -190,6 +231,8 @@ def main() -> None:
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     if what in ("load", "all"):
         bench_load(rounds)
+    if what in ("hostile", "all"):
+        bench_hostile(rounds)
     if what in ("idle", "all"):
         bench_idle(rounds)
 

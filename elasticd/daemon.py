@@ -390,7 +390,9 @@ class Daemon:
                 return 1
             await self.reexec.serving(saved)
         if not self._stop.is_set():
-            store_listeners(self.listeners)
+            # (Behind a balancer, not the front's: a host that stops must refuse connections, so that HAProxy sends
+            # them to the others at once, rather than leave them in a backlog while it restarts.)
+            store_listeners(self.listeners, front=self.agent is None)
             self._track(self.sampler.run(self.config.server.sample_interval))
             self._track(self.pool.run())
             self.notifier.ready(self.supervisor.summary())
@@ -444,6 +446,9 @@ class Daemon:
         self.mover.abort_all("elasticd is stopping")  # each user stays where it is, its held requests go there
         await self._tasks.settle()
         await self.notifier.stop_watchdog()
+        # The front's listening socket closes with its server: a client (or HAProxy) is refused from now on, and goes
+        # elsewhere, rather than waiting in a backlog nobody will accept from. (A re-exec keeps it instead: reexec.py.)
+        self.listeners.release("front")
         await self.front.stop(self.config.server.stop_timeout)
         await self.capacity.aclose()
         await self.supervisor.stop_all()

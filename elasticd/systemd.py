@@ -211,13 +211,18 @@ def watchdog_interval(environ: os._Environ[str] | dict[str, str], pid: int) -> f
 _STORED: Final = ("front", "metrics", "agent")
 
 
-def store_listeners(listeners: Listeners) -> None:
+def store_listeners(listeners: Listeners, *, front: bool = True) -> None:
     """Hand the listening sockets to systemd's store (a no-op without NOTIFY_SOCKET). systemd keeps one copy of a
-    socket however often it is sent, so every start (and every re-exec) sends them all."""
+    socket however often it is sent, so every start (and every re-exec) sends them all. ``front=False``: not the
+    front's (and any stored before is dropped)."""
     address = notify_address(os.environ.get("NOTIFY_SOCKET"))
     if address is None:
         return
+    if not front:
+        forget_stored("front")
     for name in _STORED:
+        if name == "front" and not front:
+            continue
         fds = [sock.fileno() for sock in listeners.held_sockets(name)]
         if fds:
             _send_fds(address, f"FDSTORE=1\nFDNAME={name}".encode(), fds)

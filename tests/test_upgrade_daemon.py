@@ -194,6 +194,7 @@ def test_an_upgrade_under_load_keeps_pids_users_requests_and_a_websocket(daemons
     assert second["pid"] == first["pid"] == daemon_pid and psutil.pid_exists(daemon_pid)
     assert d.process.poll() is None
     assert _pids(d) == before  # no worker restarted
+    d.announced(2)  # their libraries reconnected to the channel (its socket was kept) and announced again
     for name, (cookie, count) in users.items():
         now = _counter(d, cookie)
         assert now["count"] == count + 1 and now["worker"] == where[name], (name, now, count)

@@ -9,10 +9,20 @@ is carried only where nothing of it is in memory:
   in the kernel's buffer, for the next image to read. Its answer was written whole (the write buffer is empty);
 - a WebSocket tunnel: both its connections' reading paused, then both write buffers waited for until empty.
 
-A request in flight is let finish, up to the grace; as each connection becomes idle it is paused in its turn (a
-client keeping its connection busy with request after request is paused between two). Past the grace, what is still
-in flight is cut (its connection closes with the exec: the client sees the connection end without an answer) and
-counted in the report; so is a tunnel whose buffers would not empty (a client or worker that does not read).
+Two phases, so that one tenant's long request does not hold every tenant's new connections:
+
+1. **Serving as usual** while the requests that were in flight when the upgrade was asked finish, up to the grace:
+   nothing is paused, new connections are accepted and served. Usually milliseconds; a long poll, or a hostile
+   tenant's handler that never answers, makes it the grace — during which everyone is served all the same.
+2. **Stop accepting** (the listening sockets stay open: new connections wait in the backlog), and let the requests
+   in flight now finish, up to the grace again; as each connection becomes idle it is paused in its turn (a client
+   keeping its connection busy with request after request is paused between two). A request that was in flight
+   when the upgrade was asked had its grace in phase 1: it is not waited for again. Whatever is still in flight at
+   the end is cut (its connection closes with the exec: the client sees the connection end without an answer) and
+   counted in the report; so is a tunnel whose buffers would not empty (a client or worker that does not read).
+
+A tenant can still make phase 2 last up to the grace by starting a long request just before it begins (it cannot
+know when); carrying a request that waits for its answer across the exec would end that too, and is not done.
 
 If the exec then fails, ``resume`` undoes all of it: the old image goes on serving every connection as it was.
 """
@@ -46,6 +56,7 @@ class Settled:
     cut: int = 0  # requests still in flight past the grace
     closed: int = 0  # connections not carried (closing already, or a tunnel that did not settle)
     waited: float = 0.0
+    stopped_accepting: float = 0.0  # when phase 2 began (the accept gap's start)
     paused: list[Any] = field(default_factory=list)  # transports paused here: resumed if the exec fails
 
 
@@ -55,12 +66,19 @@ def _fd(transport: Any) -> int | None:
 
 
 async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Settled:
-    """Stop accepting (the listening sockets stay open), let requests in flight finish up to ``grace`` seconds, and
-    duplicate every carriable connection's descriptor."""
-    front.stop_accepting()
+    """Let the requests in flight finish (two phases, each up to ``grace`` seconds: see above), stop accepting (the
+    listening sockets stay open), and duplicate every carriable connection's descriptor."""
     settled = Settled()
     began = clock()
+    # Phase 1: serving as usual while the requests in flight now finish.
+    first: list[Any] = [ex for conn in list(front.conns) for ex in conn.relay.queue]
     deadline = began + grace
+    while clock() < deadline and _any_in_flight(front, first):
+        await asyncio.sleep(_POLL)
+    # Phase 2: no new connection accepted; the ones open settle.
+    front.stop_accepting()
+    settled.stopped_accepting = clock()
+    deadline = settled.stopped_accepting + grace
     paused: dict[int, Any] = {}  # id(transport) → transport
 
     def pause(transport: Any) -> None:
@@ -85,7 +103,7 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
                     busy += 1
             elif conn.idle and not transport.get_write_buffer_size():
                 pause(transport)
-            else:
+            elif not any(ex in first for ex in conn.relay.queue):  # (one from phase 1 had its grace: cut)
                 busy += 1
         if not busy or clock() >= deadline:
             break
@@ -134,6 +152,12 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
         settled.tunnels.append((_inheritable_dup(client_fd), _inheritable_dup(worker_fd), tunnel.worker,
                                 tunnel.user))
     return settled
+
+
+def _any_in_flight(front: Front, exchanges: list[Any]) -> bool:
+    if not exchanges:
+        return False
+    return any(ex in exchanges for conn in list(front.conns) for ex in conn.relay.queue)
 
 
 def _inheritable_dup(fd: int) -> int:
