@@ -176,7 +176,7 @@ def bench_hostile(rounds: int) -> None:
             for _ in range(rounds):
                 outcome: list[str] = []
 
-                def hold() -> None:
+                def hold(outcome: list[str] = outcome) -> None:
                     conn = http.client.HTTPConnection(d.host, d.port, timeout=120)
                     try:
                         conn.request("GET", "/sleep?ms=20000", headers={"Host": "a.localhost"})
