@@ -71,9 +71,10 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
     settled = Settled()
     began = clock()
     # Phase 1: serving as usual while the requests in flight now finish.
-    first: list[Any] = [ex for conn in list(front.conns) for ex in conn.relay.queue]
+    first: list[Any] = [ex for conn in list(front.conns) for ex in conn.relay.queue]  # (held: their ids stay theirs)
+    first_ids = {id(ex) for ex in first}
     deadline = began + grace
-    while clock() < deadline and _any_in_flight(front, first):
+    while clock() < deadline and _any_in_flight(front, first_ids):
         await asyncio.sleep(_POLL)
     # Phase 2: no new connection accepted; the ones open settle.
     front.stop_accepting()
@@ -103,7 +104,7 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
                     busy += 1
             elif conn.idle and not transport.get_write_buffer_size():
                 pause(transport)
-            elif not any(ex in first for ex in conn.relay.queue):  # (one from phase 1 had its grace: cut)
+            elif not any(id(ex) in first_ids for ex in conn.relay.queue):  # (one from phase 1 had its grace: cut)
                 busy += 1
         if not busy or clock() >= deadline:
             break
@@ -154,10 +155,10 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
     return settled
 
 
-def _any_in_flight(front: Front, exchanges: list[Any]) -> bool:
+def _any_in_flight(front: Front, exchanges: set[int]) -> bool:
     if not exchanges:
         return False
-    return any(ex in exchanges for conn in list(front.conns) for ex in conn.relay.queue)
+    return any(id(ex) in exchanges for conn in list(front.conns) for ex in conn.relay.queue)
 
 
 def _inheritable_dup(fd: int) -> int:

@@ -34,6 +34,7 @@ import signal
 import sys
 import time
 from collections.abc import Coroutine
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import psutil
@@ -301,8 +302,7 @@ class ReExec:
             kept=tuple(sorted(kept_ids)), not_kept=tuple(not_kept), users_kept=users,
             users_dropped=len(saved.users) - users, cut=handover.cut if handover is not None else 0,
             closed=handover.closed if handover is not None else 0,
-            waited=handover.waited if handover is not None else 0.0, accept_gap=None,
-            wall=None, notes=())
+            waited=handover.waited if handover is not None else 0.0)
         self._gap_began = gap_began
         self._began = handover.began if handover is not None else now
 
@@ -318,10 +318,9 @@ class ReExec:
         unclaimed = daemon.listeners.close_unclaimed()
         report = self.report
         notes = tuple(f"the previous image's {name} socket is not configured now: closed" for name in unclaimed)
-        self.report = UpgradeReport(
-            report.outcome, report.generation, report.pid, report.version_before, report.version_after, report.kept,
-            report.not_kept, report.users_kept, report.users_dropped, connections, tunnels, report.cut,
-            report.closed + (len(saved.connections) - connections) + (len(saved.tunnels) - tunnels), report.waited,
+        self.report = replace(
+            report, connections=connections, tunnels=tunnels,
+            closed=report.closed + (len(saved.connections) - connections) + (len(saved.tunnels) - tunnels),
             accept_gap=now - self._gap_began, wall=time.monotonic() - self._began, notes=notes)
         log.info("upgrade: done, re-exec %d: %d workers kept, %d not; %d users kept; %d connections and %d tunnels "
                  "carried; accept gap %.0f ms", report.generation, len(report.kept), len(report.not_kept),
