@@ -2,8 +2,10 @@
 
 1. **Held, not refused**: the only worker of a tenant with ``cpu: 30%`` (its restart is slow: the interpreter starts
    under the quota) is SIGKILLed while four clients keep a request each in flight. Every answer is counted: no 503
-   and no connection refused or reset by the front; only the requests that were on the worker may fail (502, at
-   most one per client). Its replacement runs in the app's leaf.
+   and no connection refused or reset by the front; only the requests that were on the worker may fail, at most one
+   per client: 502, or a cut answer when the worker had sent part of it (aiohttp 3.8, Debian 12's, writes an
+   answer's head and body in two sends, and the kill can fall between them: the front then cuts the client's
+   connection rather than pass on a truncated answer as whole). Its replacement runs in the app's leaf.
 2. **Recycled before the kernel kills it**: a handler that leaks (``/mem?mb=30``: each request keeps 30 MiB) under
    ``pool.max_rss: 120M`` in a tenant of ``memory: 400M, swap: 0``: the worker is recycled (a ``recycle``
    decision naming max_rss, a new worker first, the old one's pid gone) and the tenant's ``memory.events`` oom_kill
@@ -98,15 +100,15 @@ def _scenario() -> tuple[str, dict[str, Any]]:
 
 
 def _killed_under_load(worker: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    statuses: Counter[int | None] = Counter()
+    statuses: Counter[int | str] = Counter()  # a status, or the client's error's name when it got none
     lock = threading.Lock()
     stop = threading.Event()
 
     def load() -> None:
         while not stop.is_set():
-            code, _ = front(HOST, "/sleep?ms=50", timeout=60)
+            code, body = front(HOST, "/sleep?ms=50", timeout=60)
             with lock:
-                statuses[code] += 1
+                statuses[code if code is not None else body.decode(errors="replace").split(":", 1)[0]] += 1
 
     threads = [threading.Thread(target=load, daemon=True) for _ in range(CLIENTS)]
     for thread in threads:
@@ -128,11 +130,15 @@ def _killed_under_load(worker: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     app = leaf(TENANT, APP)
     check(back["pid"] in procs(app) or any(back["pid"] in procs(p) for p in app.rglob("*") if p.is_dir()),
           f"the restarted worker (pid {back['pid']}) is not under {app}")
-    check(statuses[503] == 0 and statuses[None] == 0, f"answers while the worker restarted: {dict(statuses)}")
-    check(statuses[502] <= CLIENTS, f"more 502s than requests in flight at the kill: {dict(statuses)}")
+    # IncompleteRead: the head came, then the connection was cut (the answer had begun on the killed worker)
+    failed = {k: v for k, v in statuses.items() if k not in (200, 502, "IncompleteRead")}
+    check(not failed, f"answers while the worker restarted: {dict(statuses)}")
+    in_flight = statuses[502] + statuses["IncompleteRead"]
+    check(in_flight <= CLIENTS, f"more failures than requests in flight at the kill: {dict(statuses)}")
     check(statuses[200] > before, f"nothing served after the restart: {dict(statuses)}")
     return (f"SIGKILL of the only worker of a cpu: 30% tenant under {CLIENTS} clients: {statuses[200]} x 200, "
-            f"{statuses[502]} x 502 (in flight), 0 x 503; restarted in {restart:.2f}s",
+            f"{statuses[502]} x 502 and {statuses['IncompleteRead']} cut (in flight), 0 x 503; "
+            f"restarted in {restart:.2f}s",
             {"killed": {str(k): v for k, v in statuses.items()}, "restart_seconds": round(restart, 2)})
 
 
