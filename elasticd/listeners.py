@@ -58,10 +58,11 @@ class Listeners:
         self._held[name] = taken if taken is not None else _bind_retrying(host, port, backlog, discarded)
         return [_dup(sock) for sock in self._held[name]]
 
-    def take_unix(self, name: str, path: str) -> socket.socket | None:
-        """The previous image's socket bound to ``path``, held again, and a duplicate for the server; None when
-        there is none (the caller binds one and ``hold``s it)."""
-        taken = self._take(name, lambda sock: sock.family == socket.AF_UNIX and _sockname(sock) == path
+    def take_unix(self, name: str, path: str, bound_at: str | None = None) -> socket.socket | None:
+        """The previous image's socket that serves at ``path``, held again, and a duplicate for the server; None when
+        there is none (the caller binds one and ``hold``s it). ``bound_at``: the path it was bound at, when its file
+        was renamed to ``path`` afterwards (the kernel's name for the socket stays the one it was bound at)."""
+        taken = self._take(name, lambda sock: sock.family == socket.AF_UNIX and _sockname(sock) == (bound_at or path)
                            and os.path.exists(path))
         if taken is None or len(taken) != 1:
             for sock in taken or ():

@@ -104,6 +104,24 @@ def test_a_unix_socket_is_taken_only_while_its_file_is_there(tmp_path):
     old.close_all()
 
 
+def test_a_unix_socket_bound_then_renamed_is_taken_by_the_path_it_was_bound_at(tmp_path):
+    """A tenant's channel socket is bound where only root writes, then renamed into the tenant's directory: the
+    kernel's name for it stays the first path, and that is what the next image matches."""
+    staged, path = str(tmp_path / ".channel.acme.sock"), str(tmp_path / "channel.sock")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(staged)
+    os.rename(staged, path)
+    sock.listen(4)
+    old = Listeners()
+    old.hold("channel:acme", sock).close()
+    fd = old.handover()["channel:acme"][0]
+    assert Listeners({"channel:acme": [os.dup(fd)]}).take_unix("channel:acme", path) is None  # (its name differs)
+    taken = Listeners({"channel:acme": [os.dup(fd)]}).take_unix("channel:acme", path, bound_at=staged)
+    assert taken is not None and os.fstat(taken.fileno()).st_ino == os.fstat(fd).st_ino  # the same socket
+    taken.close()
+    old.close_all()
+
+
 def test_names_not_claimed_are_closed_and_said():
     old = Listeners()
     old.tcp("agent", "127.0.0.1", 0, 4)

@@ -293,14 +293,16 @@ class ChannelServer:
         it into the tenant's directory: binding or chmod-ing in a directory the tenant owns would let it swap the
         path for a symlink in between (chmod follows one), and elasticd runs as root."""
         name = f"channel:{tenant}"
-        inherited = self.listeners.take_unix(name, path)
+        staged = os.path.join(self.runtime_dir, f".channel.{tenant}.sock")
+        # (bound at ``staged``, then renamed: that is the name the kernel keeps for it; the inode says it is still
+        # the file at ``path``)
+        inherited = self.listeners.take_unix(name, path, bound_at=staged)
         if inherited is not None:
             if inode is not None and _inode(path) == inode:
                 return self._watch(tenant, path, inherited, inode)
             inherited.close()  # its file was replaced or removed meanwhile: bound afresh
             self.listeners.release(name)
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)  # (the supervisor gives it to the tenant)
-        staged = os.path.join(self.runtime_dir, f".channel.{tenant}.sock")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(staged)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
