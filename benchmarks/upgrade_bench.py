@@ -7,10 +7,12 @@
    requests failed, workers restarted (pids before and after), users whose in-process counter went back, the
    accept gap (the report's: the old image stops accepting → the new one accepts), the longest a client waited for
    one answer across the step, and the step's wall time. Goals: 0 failed, 0 restarted, 0 users reset.
-2. **hostile**: the same, but tenant a's client holds a request of 20 s in flight at the moment of the upgrade (a
-   long poll, or a hostile tenant's handler that never answers): the old image waits for it up to the grace
-   (``server.stop_timeout``, 5 s here) while no one's new connection is accepted. Counted: the neighbours' (b, c,
-   d) failures and longest wait, and what became of a's request (cut: its connection closes without an answer).
+2. **hostile**: the same, but tenant a holds long requests in flight (a long poll, or a hostile tenant's handler
+   that never answers): one sent before the upgrade; then a storm, a 3 s request every 250 ms, so that one has just
+   begun whenever the old image stops accepting. Before issue 32's last step the old image waited for them up
+   to the grace (``server.stop_timeout``, 5 s here) while no one's new connection was accepted, and cut them; now
+   they are carried, awaiting their answer, and answered by the new image. Counted: the neighbours' (b, c, d)
+   failures and longest wait, and what became of a's requests.
 3. **idle**: 1,000 apps at ``min_workers: 0`` (idle: no worker) and one app of two workers: ``elasticctl upgrade``'s
    wall time and accept gap, against 10 apps on the same machine (what the apps' count costs a re-exec).
 """
@@ -165,6 +167,54 @@ def bench_load(rounds: int) -> None:
             d.kill_leftovers()
 
 
+class Hostile:
+    """Tenant a's long requests: ``storm`` False, one of 20 s, sent 1 s before the upgrade; True, one of 3 s every
+    250 ms (about 12 in flight, under its two workers' concurrency of 8 each: none waits in line), so that whenever
+    the old image stops accepting, one started a moment before is in flight. What became of each is counted: 200
+    (answered, by whichever image), or the client's error (cut: its connection closed without an answer)."""
+
+    def __init__(self, d, storm: bool) -> None:
+        self.d = d
+        self.storm = storm
+        self.outcomes: Counter[str] = Counter()
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.starter = threading.Thread(target=self._start)
+
+    def __enter__(self) -> Hostile:
+        self.starter.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.starter.join(60)
+        for thread in self.threads:
+            thread.join(60)
+
+    def _start(self) -> None:
+        while not self.stop.is_set():
+            self.threads = [t for t in self.threads if t.is_alive()]
+            if len(self.threads) < (14 if self.storm else 1) and (self.storm or not self.outcomes):
+                thread = threading.Thread(target=self._hold)
+                thread.start()
+                self.threads.append(thread)
+                if not self.storm:
+                    return
+            time.sleep(0.25)
+
+    def _hold(self) -> None:
+        conn = http.client.HTTPConnection(self.d.host, self.d.port, timeout=120)
+        try:
+            conn.request("GET", f"/sleep?ms={3000 if self.storm else 20000}", headers={"Host": "a.localhost"})
+            response = conn.getresponse()
+            response.read()
+            self.outcomes[str(response.status)] += 1
+        except (OSError, http.client.HTTPException) as exc:
+            self.outcomes[type(exc).__name__] += 1
+        finally:
+            conn.close()
+
+
 def bench_hostile(rounds: int) -> None:
     from harness import Daemon
     with tempfile.TemporaryDirectory() as tmp:
@@ -172,31 +222,20 @@ def bench_hostile(rounds: int) -> None:
         try:
             d.start()
             _wait_running(d, APPS, 2 * len(APPS))
-            print("hostile: tenant a holds a 20 s request in flight; b, c, d: 6 clients flat out; grace 5 s")
-            for _ in range(rounds):
-                outcome: list[str] = []
-
-                def hold(outcome: list[str] = outcome) -> None:
-                    conn = http.client.HTTPConnection(d.host, d.port, timeout=120)
-                    try:
-                        conn.request("GET", "/sleep?ms=20000", headers={"Host": "a.localhost"})
-                        outcome.append(str(conn.getresponse().status))
-                    except (OSError, http.client.HTTPException) as exc:
-                        outcome.append(type(exc).__name__)
-                    finally:
-                        conn.close()
-
-                holder = threading.Thread(target=hold)
-                with Clients(d, ["b", "c", "d"]) as clients:
-                    holder.start()
-                    time.sleep(1.0)
-                    wall, report = _upgrade(d)
-                    time.sleep(1.0)
-                holder.join(60)
-                print(f"  neighbours: requests {sum(clients.codes.values())}, failed {clients.failed()}, slowest "
-                      f"answer {clients.slowest:.2f} s; accept gap {report['accept_gap'] * 1000:.0f} ms (waited "
-                      f"{report['waited']:.2f} s for requests in flight, cut {report['cut']}); a's request: "
-                      f"{outcome}; step {wall:.2f} s")
+            for storm in (False, True):
+                print("hostile: tenant a " + ("starts a 3 s request every 250 ms" if storm else
+                                              "holds a 20 s request in flight")
+                      + "; b, c, d: 6 clients flat out; grace 5 s")
+                for _ in range(rounds):
+                    with Clients(d, ["b", "c", "d"]) as clients, Hostile(d, storm) as hostile:
+                        time.sleep(1.0)
+                        wall, report = _upgrade(d)
+                        time.sleep(1.0)
+                    print(f"  neighbours: requests {sum(clients.codes.values())}, failed {clients.failed()}, slowest "
+                          f"answer {clients.slowest:.2f} s; accept gap {report['accept_gap'] * 1000:.0f} ms (waited "
+                          f"{report['waited']:.2f} s for requests in flight, cut {report['cut']}, carried awaiting "
+                          f"their answer {report.get('requests', 0)}); a's requests: {dict(hostile.outcomes)}; step "
+                          f"{wall:.2f} s")
         finally:
             d.stop()
             d.kill_leftovers()

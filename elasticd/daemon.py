@@ -64,7 +64,7 @@ from elasticd.supervisor.worker_process import Worker
 from elasticd.systemd import Notifier, forget_stored, listen_fds, setup_logging, store_listeners
 from elasticd.upgrade.inherited import close_strays, kept_descriptors
 from elasticd.upgrade.reexec import ReExec, read_inherited_state
-from elasticd.upgrade.state import FORMAT as STATE_FORMAT
+from elasticd.upgrade.state import READS as STATE_FORMATS_READ
 from elasticd.upgrade.state import SavedState
 from elasticd.upstream_lists import UpstreamLists
 from elasticd.worker_ids import parse_worker_id
@@ -493,8 +493,9 @@ def main(argv: list[str] | None = None) -> int:
             print(exc, file=sys.stderr)
             return 1
         groups = sum(1 for _ in config.groups())
-        if args.state_format is not None and args.state_format != STATE_FORMAT:
-            print(f"elasticd {__version__} reads a re-exec state of format {STATE_FORMAT}, not {args.state_format}: "
+        if args.state_format is not None and args.state_format not in STATE_FORMATS_READ:
+            formats = ", ".join(map(str, STATE_FORMATS_READ))
+            print(f"elasticd {__version__} reads a re-exec state of formats {formats}, not {args.state_format}: "
                   "an upgrade in place to it cannot keep the workers (restart it instead)", file=sys.stderr)
             return 1
         print(f"{args.config}: ok ({len(config.tenants)} tenants, {groups} groups)")

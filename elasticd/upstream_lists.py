@@ -64,6 +64,11 @@ class UpstreamLists:
             return None
         return self._upstream(worker_id)
 
+    def of(self, worker_id: str) -> Upstream | None:
+        """A running worker's Upstream, routable or not: a request carried over a re-exec goes back to the worker
+        that has it, even one adopted only to be drained."""
+        return self._upstream(worker_id)
+
     def _upstream(self, worker_id: str) -> Upstream | None:
         upstream = self._upstream_of.get(worker_id)
         if upstream is None:

@@ -195,6 +195,7 @@ def test_an_upgrade_under_load_keeps_pids_users_requests_and_a_websocket(daemons
     assert d.process.poll() is None
     assert _pids(d) == before  # no worker restarted
     d.announced(2)  # their libraries reconnected to the channel (its socket was kept) and announced again
+    assert "listens elsewhere" not in d.log_text()  # every socket taken as it was, the tenant's channel too
     for name, (cookie, count) in users.items():
         now = _counter(d, cookie)
         assert now["count"] == count + 1 and now["worker"] == where[name], (name, now, count)
@@ -203,6 +204,64 @@ def test_an_upgrade_under_load_keeps_pids_users_requests_and_a_websocket(daemons
                                                for i in range(len(messages))], messages
     code, body, _ = d.get("blog.localhost", "/")
     assert code == 200 and "acme.blog.green.1" in body, body  # the new app, started by the second image
+
+
+def test_a_request_awaiting_its_answer_is_carried_and_answered_by_the_new_image(daemons, tmp_path):
+    """A newcomer's slow request (4 s, past the grace of 3 s) on a kept-alive connection, in flight when the upgrade
+    is asked: it holds nobody's upgrade (neither phase waits for it: the whole step is as quick as without it), and
+    it is not cut at the grace either: the new image relays its
+    answer — with the sticky cookie a newcomer's first answer sets —, and the connection serves on; the cookie then
+    leads to the worker that answered."""
+    d = daemons(GROUP.format(root=tmp_path, more=""), extra_server=FAST)
+    d.start()
+    d.wait_workers("acme", "shop", "green", lambda ws: sum(w["state"] == "running" for w in ws) == 2)
+    before = _pids(d)
+    outcome: dict = {}
+
+    def slow() -> None:
+        conn = http.client.HTTPConnection(d.host, d.port, timeout=30)
+        conn.request("GET", "/sleep?ms=4000", headers={"Host": "shop.localhost"})
+        response = conn.getresponse()
+        set_cookie = response.getheader("Set-Cookie") or ""
+        outcome["first"] = (response.status, response.read().decode(), set_cookie)
+        cookie = set_cookie.split("elastic_uid=")[1].split(";")[0] if "elastic_uid=" in set_cookie else ""
+        conn.request("GET", "/counter", headers={"Host": "shop.localhost",  # the same connection, carried on
+                                                 "Cookie": f"elastic_uid={cookie}"})
+        response = conn.getresponse()
+        outcome["second"] = (response.status, response.read().decode())
+        conn.close()
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    time.sleep(0.5)  # sent whole, and waiting
+    report = _upgrade(d)["report"]
+    thread.join(30)
+    assert report["outcome"] == "done" and report["requests"] == 1 and report["cut"] == 0, report
+    assert report["waited"] < 2.0, report  # not the 3.5 s left of the request: neither phase waited for it
+    status, body, set_cookie = outcome["first"]
+    assert status == 200 and json.loads(body) == {"slept_ms": 4000}, (status, body, d.log_text()[-3000:])
+    assert "elastic_uid=" in set_cookie, set_cookie  # the newcomer's cookie, set by the new image's relay
+    assert outcome["second"][0] == 200, outcome
+    second = json.loads(outcome["second"][1])
+    cookie = set_cookie.split("elastic_uid=")[1].split(";")[0]
+    assert _counter(d, cookie) == {**second, "count": second["count"] + 1}  # on its worker, its state there
+    assert _pids(d) == before
+
+
+def test_a_head_trickled_by_a_client_holds_the_upgrade_for_a_moment_only(daemons, tmp_path):
+    """A slowloris client (a request head begun, never finished) while the front stops accepting: the upgrade waits
+    for that head a moment (a head sent whole takes milliseconds), not the grace (10 s here), then cuts it."""
+    d = daemons(GROUP.format(root=tmp_path, more=""), extra_server=FAST, stop_timeout="10s")
+    d.start()
+    d.wait_workers("acme", "shop", "green", lambda ws: sum(w["state"] == "running" for w in ws) == 2)
+    import socket as socket_module
+    with socket_module.create_connection((d.host, d.port), timeout=30) as trickler:
+        trickler.sendall(b"GET / HTTP/1.1\r\nHost: shop.loc")
+        report = _upgrade(d)["report"]
+        assert report["outcome"] == "done" and report["cut"] == 1, report
+        assert report["waited"] < 3.0, report
+        assert trickler.recv(100) == b""  # cut: closed without an answer
+    assert d.get("shop.localhost", "/")[0] == 200
 
 
 def test_a_refused_preflight_stops_nothing(daemons, tmp_path):
@@ -281,7 +340,7 @@ def test_a_state_that_cannot_be_read_starts_fresh(daemons, tmp_path):
     d.wait_workers("acme", "shop", "green", lambda ws: sum(w["state"] == "running" for w in ws) == 2)
     code, state = _get_state(d)
     assert code == 200 and state["report"]["outcome"] == "fresh", state
-    assert "format 999: this elasticd reads format 1" in state["report"]["error"], state
+    assert "format 999: this elasticd reads formats 1, 2" in state["report"]["error"], state
     assert "cannot be taken" in d.log_text()
     assert d.get("shop.localhost", "/")[0] == 200
 

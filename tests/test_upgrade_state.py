@@ -8,7 +8,17 @@ import json
 import pytest
 
 from elasticd.upgrade.adoption import Verdict, plan_adoption
-from elasticd.upgrade.state import FORMAT, SavedState, SavedUser, SavedWorker, StateError, digest, dump, load
+from elasticd.upgrade.state import (
+    FORMAT,
+    SavedRequest,
+    SavedState,
+    SavedUser,
+    SavedWorker,
+    StateError,
+    digest,
+    dump,
+    load,
+)
 
 SPEC = digest(("python", "-m", "elasticd.demo"))
 W1 = SavedWorker("acme.shop.green.1", "acme", "shop", "green", 4242, 1000, "/run/w1.sock", "t" * 32, SPEC)
@@ -18,7 +28,9 @@ STATE = SavedState(workers=(W1, W2),
                    users=(SavedUser("a" * 32, W1.id, "green", "acme/shop", "ann", 12.5, 3, 0.25),
                           SavedUser("b" * 32, W2.id, "green", "acme/shop", None, 13.0)),
                    overrides={"acme": {"cpu": "40%"}}, buckets={"acme": (4.5, 12.0)},
-                   next_ids={"acme/shop/green": 3}, written_at=99.5)
+                   next_ids={"acme/shop/green": 3}, written_at=99.5,
+                   requests=(SavedRequest(7, 8, W1.id, "a" * 32, "green", "shop.localhost", "GET", "/slow?ms=9000",
+                                          True, True, False, "", 98.25),))
 
 
 def test_the_state_is_read_back_as_it_was_written():
@@ -27,7 +39,8 @@ def test_the_state_is_read_back_as_it_was_written():
 
 
 @pytest.mark.parametrize(("change", "refusal"), [
-    (lambda d: d.update(format=FORMAT + 1), f"format {FORMAT + 1}: this elasticd reads format {FORMAT}"),
+    (lambda d: d.update(format=FORMAT + 1), f"format {FORMAT + 1}: this elasticd reads formats 1, 2"),
+    (lambda d: d.update(format=True), "format True"),
     (lambda d: d.pop("format"), "format None"),
     (lambda d: d["workers"][1].pop("pid"), "workers[1].pid: missing"),
     (lambda d: d["workers"][0].update(pid="4242"), "workers[0].pid: '4242' is not of the right kind"),
@@ -37,6 +50,8 @@ def test_the_state_is_read_back_as_it_was_written():
     (lambda d: d.update(overrides={"acme": {"cpu": [40]}}), "overrides.acme.cpu: [40] is not of the right kind"),
     (lambda d: d.update(buckets={"acme": [1.0]}), "buckets.acme: not a pair"),
     (lambda d: d.update(workers={}), "workers: not a list"),
+    (lambda d: d["requests"][0].update(keep_alive="yes"), "requests[0].keep_alive: 'yes' is not of the right kind"),
+    (lambda d: d["requests"][0].pop("upstream"), "requests[0].upstream: missing"),
 ])
 def test_a_document_of_another_format_or_malformed_is_refused_naming_why(change, refusal):
     document = json.loads(dump(STATE))
@@ -44,6 +59,15 @@ def test_a_document_of_another_format_or_malformed_is_refused_naming_why(change,
     with pytest.raises(StateError) as refused:
         load(json.dumps(document).encode())
     assert str(refused.value).startswith(refusal)
+
+
+def test_a_format_1_document_is_read_with_no_request_awaiting_its_answer():
+    """The image before format 2 wrote no ``requests``: an upgrade from it reads the rest as it was."""
+    document = json.loads(dump(STATE))
+    document.update(format=1)
+    del document["requests"]
+    assert load(json.dumps(document).encode()) == SavedState(**{**{f: getattr(STATE, f) for f in STATE.__slots__},
+                                                                "requests": (), "format": 1})
 
 
 def test_not_json_is_refused():

@@ -7,22 +7,32 @@ is carried only where nothing of it is in memory:
 - a kept-alive connection between requests (``ClientConn.idle``: nothing queued, nothing half parsed — the parser
   holds a partial head only while a request is ``cur``): its reading is paused, so what the client sends next stays
   in the kernel's buffer, for the next image to read. Its answer was written whole (the write buffer is empty);
-- a WebSocket tunnel: both its connections' reading paused, then both write buffers waited for until empty.
+- a WebSocket tunnel: both its connections' reading paused, then both write buffers waited for until empty;
+- a request awaiting its answer (``awaiting``): sent whole to its worker, not one byte of the answer read, nothing
+  else queued on its connection. Both its connections' reading is paused, so the answer stays in the kernel's
+  buffer; the next image makes the exchange anew from what ``SavedRequest`` keeps (its method, version, whether the
+  client keeps its connection, the cookie to set, whose and where) and relays the answer as this image would have.
+  A slow handler — a long poll, a report, a hostile tenant's request that never ends — holds nobody's upgrade.
 
 Two phases, so that one tenant's long request does not hold every tenant's new connections:
 
-1. **Serving as usual** while the requests that were in flight when the upgrade was asked finish, up to the grace:
-   nothing is paused, new connections are accepted and served. Usually milliseconds; a long poll, or a hostile
-   tenant's handler that never answers, makes it the grace — during which everyone is served all the same.
+1. **Serving as usual** while the requests that were in flight when the upgrade was asked finish or come to await
+   their answer, up to the grace: nothing is paused, new connections are accepted and served. Usually
+   milliseconds; an answer streaming slowly (a large download to a slow client, a worker trickling its body) makes
+   it longer, up to the grace — during which everyone is served all the same.
 2. **Stop accepting** (the listening sockets stay open: new connections wait in the backlog), and let the requests
-   in flight now finish, up to the grace again; as each connection becomes idle it is paused in its turn (a client
-   keeping its connection busy with request after request is paused between two). A request that was in flight
-   when the upgrade was asked had its grace in phase 1: it is not waited for again. Whatever is still in flight at
-   the end is cut (its connection closes with the exec: the client sees the connection end without an answer) and
-   counted in the report; so is a tunnel whose buffers would not empty (a client or worker that does not read).
+   in flight now finish or come to await their answer, up to the grace again; as each connection becomes idle or
+   awaiting it is paused in its turn (a client keeping its connection busy with request after request is paused
+   between two). A request that was in flight when the upgrade was asked had its grace in phase 1: it is not waited
+   for again. Whatever is still in flight at the end is cut (its connection closes with the exec: the client sees
+   the connection end without a whole answer) and counted in the report; so is a tunnel whose buffers would not
+   empty (a client or worker that does not read).
 
-A tenant can still make phase 2 last up to the grace by starting a long request just before it begins (it cannot
-know when); carrying a request that waits for its answer across the exec would end that too, and is not done.
+What can still make phase 2 last up to the grace is an answer *under way* that began in phase 1: its body is
+relayed through this image's parser (its framing, the chunk it is in), which an exec cannot carry. A request body
+being uploaded at phase 2 is the same, and so is a request waiting for its worker (in its group's queue, or for one
+of its worker's connections: its tenant's workers are saturated). All are bounded by the grace, then cut. A head
+that a client trickles (slowloris) is waited for only ``_HEAD_WAIT``.
 
 If the exec then fails, ``resume`` undoes all of it: the old image goes on serving every connection as it was.
 """
@@ -33,18 +43,25 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from elasticd.front.carried import CarriedTunnel
+from elasticd.front.client import ClientConn
+from elasticd.front.core.exchange import Exchange
+from elasticd.front.core.http1 import RequestHead
+from elasticd.front.core.relay import EVENT_CLIENT_LEFT, PHASE_FORWARDING
 from elasticd.front.server import Front
+from elasticd.front.upstream import Upstream, UpstreamConn
+from elasticd.upgrade.state import SavedRequest
 
-__all__ = ["Settled", "carry_in", "resume", "settle"]
+__all__ = ["Settled", "awaiting", "carry_in", "resume", "settle"]
 
 log = logging.getLogger("elasticd.front")
 
 _POLL = 0.005  # seconds between two looks at the connections while they settle
+_HEAD_WAIT = 1.0  # seconds phase 2 waits for a request head begun to be whole (a request then, waited for)
 
 
 @dataclass(slots=True)
@@ -53,11 +70,43 @@ class Settled:
 
     connections: list[int] = field(default_factory=list)
     tunnels: list[tuple[int, int, str, str | None]] = field(default_factory=list)  # client, worker, worker id, user
+    requests: list[SavedRequest] = field(default_factory=list)  # awaiting their answer
     cut: int = 0  # requests still in flight past the grace
     closed: int = 0  # connections not carried (closing already, or a tunnel that did not settle)
     waited: float = 0.0
     stopped_accepting: float = 0.0  # when phase 2 began (the accept gap's start)
     paused: list[Any] = field(default_factory=list)  # transports paused here: resumed if the exec fails
+
+
+def awaiting(conn: ClientConn) -> Exchange | None:
+    """``conn``'s one request when it can be carried as it is: sent whole to its worker, whose answer has not begun
+    (not a byte of it read), with nothing else on the connection (no request queued behind it or half parsed, no
+    body bytes held, no upgrade) and nothing unwritten either way. None otherwise."""
+    relay, transport = conn.relay, conn.transport
+    if (transport is None or transport.is_closing() or transport.get_write_buffer_size() or len(relay.queue) != 1
+            or relay.cur is not None or relay.pending or relay.tunnel is not None or relay.upgrading is not None
+            or relay.draining):
+        return None
+    ex = relay.queue[0]
+    if (ex.phase is not PHASE_FORWARDING or not ex.sent or not ex.body_done or ex.head.upgrade is not None
+            or ex.route is None or ex.worker is None):
+        return None
+    link: Any = ex.conn  # (an UpstreamConn: the front made it)
+    if link is None or link.closed or link.relay.received:
+        return None
+    upstream = link.transport
+    if upstream is None or upstream.is_closing() or upstream.get_write_buffer_size():
+        return None
+    return ex
+
+
+def _saved(ex: Exchange, client_fd: int, worker_fd: int) -> SavedRequest:
+    """``ex`` as the next image takes it (``_carry_request``), with its connections' inheritable duplicates."""
+    host = ex.head.host
+    return SavedRequest(client_fd, worker_fd, ex.worker or "", ex.user, ex.group,
+                        host.decode("latin-1") if host is not None else None, ex.method.decode("latin-1"),
+                        ex.url.decode("latin-1"), ex.http11, ex.head.keep_alive, ex.head.has_body,
+                        ex.cookie_line.decode("latin-1"), ex.ts)
 
 
 def _fd(transport: Any) -> int | None:
@@ -104,6 +153,14 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
                     busy += 1
             elif conn.idle and not transport.get_write_buffer_size():
                 pause(transport)
+            elif (ex := awaiting(conn)) is not None:
+                pause(transport)
+                pause(ex.conn.transport)  # type: ignore[union-attr]  # (awaiting: it has one)
+            elif not conn.relay.queue:
+                # A head begun and not finished: a client sends one whole in milliseconds, so past _HEAD_WAIT this is
+                # one that trickles it (slowloris: anyone can open such a connection) and it holds nobody: cut.
+                if clock() - settled.stopped_accepting < _HEAD_WAIT:
+                    busy += 1
             elif not any(id(ex) in first_ids for ex in conn.relay.queue):  # (one from phase 1 had its grace: cut)
                 busy += 1
         if not busy or clock() >= deadline:
@@ -134,6 +191,12 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
                 settled.closed += 1
             else:
                 settled.connections.append(_inheritable_dup(fd))
+        elif (ex := awaiting(conn)) is not None and id(transport) in paused:
+            client_fd, worker_fd = _fd(transport), _fd(ex.conn.transport)  # type: ignore[union-attr]
+            if client_fd is None or worker_fd is None:
+                settled.cut += 1
+            else:
+                settled.requests.append(_saved(ex, _inheritable_dup(client_fd), _inheritable_dup(worker_fd)))
         else:
             settled.cut += 1
     # Tunnels carried over from the image before: carried on again, as they are (never paused: both sides are
@@ -156,9 +219,14 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
 
 
 def _any_in_flight(front: Front, exchanges: set[int]) -> bool:
+    """One of ``exchanges`` is still in flight, and not merely awaiting its answer (that one is carried)."""
     if not exchanges:
         return False
-    return any(id(ex) in exchanges for conn in list(front.conns) for ex in conn.relay.queue)
+    for conn in list(front.conns):
+        for ex in conn.relay.queue:
+            if id(ex) in exchanges and awaiting(conn) is not ex:
+                return True
+    return False
 
 
 def _inheritable_dup(fd: int) -> int:
@@ -174,15 +242,21 @@ def resume(front: Front, settled: Settled) -> None:
     for client, upstream, _, _ in settled.tunnels:
         os.close(client)
         os.close(upstream)
+    for request in settled.requests:
+        os.close(request.client)
+        os.close(request.upstream)
     for transport in settled.paused:
         if not transport.is_closing():
             transport.resume_reading()
 
 
 async def carry_in(front: Front, connections: list[int], tunnels: list[tuple[int, int, str, str | None]],
-                   ) -> tuple[int, int]:
-    """The new image's side: serve the kept-alive connections and relay the tunnels the previous image handed over.
-    (carried connections, carried tunnels); one that is no longer a connection is closed and not counted."""
+                   requests: Sequence[SavedRequest] = (),
+                   upstream_of: Callable[[str], Upstream | None] = lambda worker: None) -> tuple[int, int, int]:
+    """The new image's side: serve the kept-alive connections, relay the tunnels, and take up the requests awaiting
+    their answer that the previous image handed over (``upstream_of``: a running worker's Upstream by its id, routable
+    or not). (carried connections, carried tunnels, carried requests); one whose connection is gone is closed and not
+    counted."""
     loop = asyncio.get_running_loop()
     kept = 0
     for fd in connections:
@@ -210,4 +284,75 @@ async def carry_in(front: Front, connections: list[int], tunnels: list[tuple[int
         front.carried.add(tunnel)
         tunnel.on_close = front.carried.discard
         tunnels_kept += 1
-    return kept, tunnels_kept
+    requests_kept = 0
+    for saved in requests:
+        try:
+            requests_kept += await _carry_request(front, saved, upstream_of)
+        except Exception:  # one request that cannot be taken up must not keep the others from theirs
+            log.exception("taking up %s %s, carried over the re-exec, failed", saved.method, saved.url)
+    return kept, tunnels_kept, requests_kept
+
+
+async def _carry_request(front: Front, saved: SavedRequest, upstream_of: Callable[[str], Upstream | None]) -> bool:
+    """Make ``saved``'s exchange anew, in the phase it was in (forwarded, its answer not begun), on a client
+    connection and a worker connection of this image's front: the answer then goes through the front's own relay
+    (its head rewritten, the sticky cookie set, a login taken, the request settled and counted), and the client's
+    connection goes on as any kept-alive one."""
+    loop = asyncio.get_running_loop()
+    client_sock, worker_sock = socket.socket(fileno=saved.client), socket.socket(fileno=saved.upstream)
+    for sock in (client_sock, worker_sock):
+        os.set_inheritable(sock.fileno(), False)
+        sock.setblocking(False)
+    host = saved.host.encode("latin-1") if saved.host is not None else None
+    target = front.target(host)
+    upstream = upstream_of(saved.worker)
+    if target is None or upstream is None:
+        why = "its host is not routed now" if target is None else f"its worker {saved.worker} is gone"
+        log.warning("%s %s, carried over the re-exec: %s; its connection is closed", saved.method, saved.url, why)
+        client_sock.close()
+        worker_sock.close()
+        return False
+    route = target.route
+    pool = front.pool_of(upstream, route, saved.group)
+    head = RequestHead()
+    head.host = host
+    head.keep_alive = saved.keep_alive
+    if saved.has_body:
+        head.length = b"1"  # (only whether it had one matters now: a request with a body is never sent twice)
+    ex = Exchange()
+    ex.method, ex.url, ex.http11, ex.head = (saved.method.encode("latin-1"), saved.url.encode("latin-1"),
+                                             saved.http11, head)
+    ex.body_done = ex.sent = True
+    ex.route, ex.stats, ex.group, ex.worker, ex.user = route, target.stats, saved.group, saved.worker, saved.user
+    ex.entry = front.surface.users.get(saved.user) if saved.user is not None else None
+    ex.cookie_line = saved.cookie_line.encode("latin-1")
+    ex.ts = saved.began
+    ex.counters = pool.counters
+    quota = target.quota
+    if quota is not None:  # in flight already: counted against its tenant's concurrency, whatever the limit
+        quota.gate.in_flight += 1
+        ex.quota = quota
+    # Every link is made before either transport exists: the answer may be in the worker socket's buffer already, and
+    # the client may have sent its next request; either is read as soon as its transport is.
+    client = front.connection()
+    client.relay.queue.append(ex)
+    link = UpstreamConn(pool)
+    ex.forward(front.forwards, link)
+    link.attach(ex, client, reused=False)  # (not reused: the request went whole; a close now is a 502, never resent)
+    try:
+        await loop.connect_accepted_socket(lambda: client, client_sock)
+    except OSError as exc:
+        log.info("%s %s, carried over the re-exec: its client is gone: %s", saved.method, saved.url, exc)
+        client_sock.close()
+        worker_sock.close()
+        link.relay.detach()
+        front.settle(ex, 499, EVENT_CLIENT_LEFT)
+        return False
+    try:
+        await loop.connect_accepted_socket(lambda: link, worker_sock)
+    except OSError as exc:
+        worker_sock.close()
+        link.connection_lost(exc)  # the worker's connection ended before the answer: 502, as the front says it
+        return False
+    pool.opened(link)
+    return True

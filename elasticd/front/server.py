@@ -471,13 +471,7 @@ class Front:
         ex.worker = upstream.worker_id
         pool = self._pools.get(upstream.worker_id)
         if pool is None or pool.path != upstream.socket_path:
-            self._drop_pool(upstream.worker_id)
-            counters = self.forwards.worker(upstream.worker_id)
-            concurrency = target.route.concurrency_of(ex.group)
-            pool = self._pools[upstream.worker_id] = ConnectionPool(upstream, counters, concurrency)
-            pool.on_room = self._room_in
-            counters.group = f"{target.route.tenant}/{target.route.app}/{ex.group}"
-            self.forwards.bound(counters, concurrency)
+            pool = self.new_pool(upstream, target.route, ex.group)
         ex.counters = pool.counters
         idle = pool.idle  # pool.take(), its common case inlined: the most recently used, still open
         conn = idle.pop() if idle else None
@@ -493,6 +487,24 @@ class Front:
             client.send_head(ex)
         else:
             self._open_or_wait(client, ex, pool)
+
+    def new_pool(self, upstream: Upstream, route: AppRoute, group: str) -> ConnectionPool:
+        """The connection pool to ``upstream`` (of ``route``'s ``group``), made anew: one to an older socket of the
+        same worker id is dropped first."""
+        self._drop_pool(upstream.worker_id)
+        counters = self.forwards.worker(upstream.worker_id)
+        concurrency = route.concurrency_of(group)
+        pool = self._pools[upstream.worker_id] = ConnectionPool(upstream, counters, concurrency)
+        pool.on_room = self._room_in
+        counters.group = f"{route.tenant}/{route.app}/{group}"
+        self.forwards.bound(counters, concurrency)
+        return pool
+
+    def pool_of(self, upstream: Upstream, route: AppRoute, group: str) -> ConnectionPool:
+        pool = self._pools.get(upstream.worker_id)
+        if pool is None or pool.path != upstream.socket_path:
+            pool = self.new_pool(upstream, route, group)
+        return pool
 
     def _park(self, decision: Moving | Wake | NoRoom, target: Target | None, client: ClientConn, ex: Exchange,
               now: float) -> None:

@@ -24,6 +24,7 @@ def kept_descriptors(saved: SavedState | None, stored: Mapping[str, list[int]]) 
         keep.update(fd for fds in saved.listeners.values() for fd in fds)
         keep.update(saved.connections)
         keep.update(fd for tunnel in saved.tunnels for fd in (tunnel.client, tunnel.upstream))
+        keep.update(fd for request in saved.requests for fd in (request.client, request.upstream))
         keep.update(worker.output for worker in saved.workers if worker.output is not None)
     return keep
 

@@ -19,10 +19,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Final
 
-__all__ = ["FORMAT", "SavedHandover", "SavedState", "SavedTunnel", "SavedUser", "SavedWorker", "StateError", "digest",
-           "dump", "load"]
+__all__ = ["FORMAT", "READS", "SavedHandover", "SavedRequest", "SavedState", "SavedTunnel", "SavedUser", "SavedWorker",
+           "StateError", "digest", "dump", "load"]
 
-FORMAT: Final = 1
+# The format this image writes, and those it reads. Format 2 added ``requests`` (requests awaiting their answer, carried
+# over); a format-1 document has none, so it reads as it is. An image that reads only format 1 would drop format 2's
+# requests unseen: it refuses the document (its preflight says so), and the package falls back to a restart.
+FORMAT: Final = 2
+READS: Final = (1, 2)
 
 
 class StateError(ValueError):
@@ -70,6 +74,28 @@ class SavedTunnel:
 
 
 @dataclass(frozen=True, slots=True)
+class SavedRequest:
+    """A request sent whole to its worker and waiting for the first byte of its answer: its two connections'
+    descriptors (the answer stays in the kernel's buffer for the next image to read) and what the next image needs
+    to relay that answer as the old one would have (the request's method and version, whether the client keeps its
+    connection, the sticky cookie to set) and to account for it (whose, where, since when)."""
+
+    client: int  # the client's connection
+    upstream: int  # the worker's connection
+    worker: str
+    user: str | None
+    group: str
+    host: str | None  # the request's Host (latin-1), which names its route (None: it had none)
+    method: str
+    url: str
+    http11: bool
+    keep_alive: bool  # the client keeps its connection after the answer (as its head said)
+    has_body: bool
+    cookie_line: str  # the Set-Cookie line for a newcomer's first answer (latin-1), "" when none
+    began: float  # when it was forwarded (the monotonic clock, shared by both images)
+
+
+@dataclass(frozen=True, slots=True)
 class SavedHandover:
     """How the step went on the old image's side, for the report the new image gives (``elasticctl upgrade``)."""
 
@@ -93,11 +119,12 @@ class SavedState:
     written_at: float = 0.0  # the monotonic clock (shared by both images: one boot)
     # Descriptors kept open across the exec: the listening sockets by name ("front", "metrics", "admin", "agent",
     # "channel:<tenant>"), each channel socket file's inode (a tenant may replace the file in its own directory),
-    # the idle kept-alive client connections, and the WebSocket tunnels.
+    # the idle kept-alive client connections, the WebSocket tunnels, and the requests awaiting their answer.
     listeners: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     channel_inodes: Mapping[str, int] = field(default_factory=dict)
     connections: tuple[int, ...] = ()
     tunnels: tuple[SavedTunnel, ...] = ()
+    requests: tuple[SavedRequest, ...] = ()
     handover: SavedHandover | None = None
     cgroup_base: str | None = None  # the cgroup base the old image claimed (it lives in <base>/server by now)
     format: int = FORMAT
@@ -126,6 +153,9 @@ _WORKER: Final[_Shape] = {"id": str, "tenant": str, "app": str, "group": str, "p
                   "socket_path": str, "token": str, "spec": str, "restarts": int, "served": bool,
                   "sandboxed": bool, "listed": bool, "output": (int, type(None))}
 _TUNNEL: Final[_Shape] = {"client": int, "upstream": int, "worker": str, "user": (str, type(None))}
+_REQUEST: Final[_Shape] = {"client": int, "upstream": int, "worker": str, "user": (str, type(None)), "group": str,
+                           "host": (str, type(None)), "method": str, "url": str, "http11": bool, "keep_alive": bool,
+                           "has_body": bool, "cookie_line": str, "began": (int, float)}
 _HANDOVER: Final[_Shape] = {"generation": int, "version": str, "began": (int, float), "stopped_accepting": (int, float),
                             "waited": (int, float), "cut": int, "closed": int}
 _USER: Final[_Shape] = {"user": str, "worker": str, "group": str, "app": str, "login": (str, type(None)),
@@ -141,8 +171,8 @@ def load(data: bytes) -> SavedState:
     if not isinstance(raw, dict):
         raise StateError("not a JSON object")
     version = raw.get("format")
-    if version != FORMAT:
-        raise StateError(f"format {version!r}: this elasticd reads format {FORMAT}")
+    if version not in READS or isinstance(version, bool):
+        raise StateError(f"format {version!r}: this elasticd reads formats {', '.join(map(str, READS))}")
     workers = tuple(SavedWorker(**_fields(item, _WORKER, f"workers[{i}]"))
                     for i, item in enumerate(_list(raw, "workers")))
     users = tuple(SavedUser(**_fields(item, _USER, f"users[{i}]")) for i, item in enumerate(_list(raw, "users")))
@@ -163,12 +193,16 @@ def load(data: bytes) -> SavedState:
     connections = tuple(_typed(fd, int, f"connections[{i}]") for i, fd in enumerate(_list(raw, "connections")))
     tunnels = tuple(SavedTunnel(**_fields(item, _TUNNEL, f"tunnels[{i}]"))
                     for i, item in enumerate(_list(raw, "tunnels")))
+    requests = tuple(SavedRequest(**_fields(item, _REQUEST, f"requests[{i}]"))
+                     for i, item in enumerate(_list(raw, "requests")))
     handover = raw.get("handover")
-    return SavedState(workers, users, overrides, buckets, next_ids,
-                      float(_typed(raw.get("written_at", 0.0), (int, float), "written_at")), listeners, inodes,
-                      connections, tunnels,
-                      SavedHandover(**_fields(handover, _HANDOVER, "handover")) if handover is not None else None,
-                      _typed(raw.get("cgroup_base"), (str, type(None)), "cgroup_base"))
+    return SavedState(workers=workers, users=users, overrides=overrides, buckets=buckets, next_ids=next_ids,
+                      written_at=float(_typed(raw.get("written_at", 0.0), (int, float), "written_at")),
+                      listeners=listeners, channel_inodes=inodes, connections=connections, tunnels=tunnels,
+                      requests=requests,
+                      handover=SavedHandover(**_fields(handover, _HANDOVER, "handover")) if handover is not None
+                      else None,
+                      cgroup_base=_typed(raw.get("cgroup_base"), (str, type(None)), "cgroup_base"), format=version)
 
 
 def _seq(value: object, where: str) -> list[Any]:
