@@ -306,6 +306,9 @@ async def _carry_request(front: Front, saved: SavedRequest, upstream_of: Callabl
     host = saved.host.encode("latin-1") if saved.host is not None else None
     target = front.target(host)
     upstream = upstream_of(saved.worker)
+    if upstream is None and target is not None:  # a node (another host's elasticd) is not a worker of ours
+        upstream = next((u for u in front.workers_of(target.route.tenant, target.route.app, saved.group)
+                         if u.worker_id == saved.worker), None)
     if target is None or upstream is None:
         why = "its host is not routed now" if target is None else f"its worker {saved.worker} is gone"
         log.warning("%s %s, carried over the re-exec: %s; its connection is closed", saved.method, saved.url, why)
