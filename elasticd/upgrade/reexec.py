@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     from elasticd.pool.mover import Mover
     from elasticd.supervisor.supervisor import Supervisor
     from elasticd.systemd import Notifier
+    from elasticd.upstream_lists import UpstreamLists
 
 
 class UpgradeHost(Protocol):
@@ -85,6 +86,7 @@ class UpgradeHost(Protocol):
     cgroups: Activation
     listeners: Listeners
     notifier: Notifier
+    upstreams: UpstreamLists
 
     @property
     def stopping(self) -> bool: ...

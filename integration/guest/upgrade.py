@@ -6,7 +6,10 @@
    100 ms. The postinst runs ``elasticctl upgrade``: elasticd's MainPID is the same, systemd counted no restart, no
    worker's pid changed, no request failed, each logged-in user's in-process counter continues, the WebSocket still
    echoes, and the report names the new version, the workers kept and the accept gap.
-2. **systemctl restart**: a real stop and start, every worker restarted; clients connecting meanwhile wait in the
+2. **A request awaiting its answer** (15 s, past the grace of 10 s) while ``elasticctl upgrade`` runs: carried over
+   with both its connections and answered 200 by the new image, not cut; every listening socket, the tenant's
+   channel too, taken as it was (the journal says none "listens elsewhere").
+3. **systemctl restart**: a real stop and start, every worker restarted; clients connecting meanwhile wait in the
    listening socket's backlog (systemd's file-descriptor store holds it): none is refused.
 
 At the end the original .deb is installed again (a downgrade: the same path, the other way).
@@ -30,6 +33,8 @@ from common import (
     admin,
     browse,
     check,
+    journal_cursor,
+    journal_since,
     run,
     say,
     show,
@@ -267,6 +272,8 @@ def _scenario() -> tuple[str, dict[str, Any]]:
     gap = report["accept_gap"]
     say(f"upgrade in place: dpkg -i {dpkg_seconds:.1f}s, accept gap {gap:.2f}s, {load.answered} requests, "
         f"0 failed, {len(echoes.seen)} echoes, tunnels carried {report['tunnels']}")
+    awaited = _awaiting_carried()
+
 
     # systemctl restart: every worker restarts, and no connection is refused meanwhile.
     counts, restart_seconds = _restart_under_probe()
@@ -290,11 +297,32 @@ def _scenario() -> tuple[str, dict[str, Any]]:
     check(without["refused"] > 0, f"the control: a restart without the store refused nothing: {without}")
     say(f"the same restart without the store: {without}")
     return (f"dpkg -i under load: {load.answered} requests, 0 failed, 0 workers restarted, MainPID kept, accept gap "
-            f"{gap:.2f}s; systemctl restart: {counts['refused']} refused of {sum(counts.values())} connects "
+            f"{gap:.2f}s; {awaited}; systemctl restart: {counts['refused']} refused of {sum(counts.values())} connects "
             f"(without the store: {without['refused']} of {sum(without.values())})",
             {"accept_gap": gap, "dpkg_seconds": round(dpkg_seconds, 1), "requests": load.answered,
              "echoes": len(echoes.seen), "report": report, "restart": counts,
              "restart_seconds": round(restart_seconds, 1), "restart_without_store": without})
+
+
+def _awaiting_carried() -> str:
+    """``elasticctl upgrade`` while a 15 s request (past the 10 s grace) awaits its answer: carried, answered 200."""
+    cursor = journal_cursor()
+    answer: list[int | None] = []
+    thread = threading.Thread(target=lambda: answer.append(browse(HOST, "/sleep?ms=15000", timeout=60)[0]))
+    thread.start()
+    time.sleep(1.0)
+    began = time.monotonic()
+    upgraded = run(["elasticctl", "upgrade", "--json"], timeout=120)
+    seconds = time.monotonic() - began
+    thread.join(60)
+    check(upgraded.returncode == 0, f"elasticctl upgrade: {upgraded.stdout[-1000:]} {upgraded.stderr[-1000:]}")
+    report = json.loads(upgraded.stdout)["report"]
+    check(report["requests"] >= 1 and report["cut"] == 0, f"the request awaiting its answer: {report}")
+    check(answer == [200], f"the request awaiting its answer got {answer}")
+    journal = journal_since(cursor)
+    check("listens elsewhere" not in journal, "a socket was not taken over:\n" + journal[-2000:])
+    return (f"a 15 s request carried over `elasticctl upgrade` ({seconds:.1f}s, waited {report['waited']:.2f}s) and "
+            f"answered 200")
 
 
 def _restart_under_probe() -> tuple[dict[str, int], float]:
