@@ -9,10 +9,11 @@
    one answer across the step, and the step's wall time. Goals: 0 failed, 0 restarted, 0 users reset.
 2. **hostile**: the same, but tenant a holds long requests in flight (a long poll, or a hostile tenant's handler
    that never answers): one sent before the upgrade; then a storm, a 3 s request every 250 ms, so that one has just
-   begun whenever the old image stops accepting. Before issue 32's last step the old image waited for them up
-   to the grace (``server.stop_timeout``, 5 s here) while no one's new connection was accepted, and cut them; now
-   they are carried, awaiting their answer, and answered by the new image. Counted: the neighbours' (b, c, d)
-   failures and longest wait, and what became of a's requests.
+   begun whenever the old image stops accepting; then a flood, one every 100 ms, past its workers' concurrency, so
+   that requests wait in its group's queue. Before issue 32's last step the old image waited for them up to the
+   grace (``server.stop_timeout``, 5 s here) while no one's new connection was accepted, and cut them; now they are
+   carried (awaiting their answer, or not yet sent) and answered by the new image. Counted: the neighbours' (b, c,
+   d) failures and longest wait, and what became of a's requests.
 3. **idle**: 1,000 apps at ``min_workers: 0`` (idle: no worker) and one app of two workers: ``elasticctl upgrade``'s
    wall time and accept gap, against 10 apps on the same machine (what the apps' count costs a re-exec).
 """
@@ -27,6 +28,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Final
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
@@ -168,14 +170,19 @@ def bench_load(rounds: int) -> None:
 
 
 class Hostile:
-    """Tenant a's long requests: ``storm`` False, one of 20 s, sent 1 s before the upgrade; True, one of 3 s every
-    250 ms (about 12 in flight, under its two workers' concurrency of 8 each: none waits in line), so that whenever
-    the old image stops accepting, one started a moment before is in flight. What became of each is counted: 200
-    (answered, by whichever image), or the client's error (cut: its connection closed without an answer)."""
+    """Tenant a's long requests, by ``shape``: "hold", one of 20 s, sent 1 s before the upgrade; "storm", one of 3 s
+    every 250 ms (about 12 in flight, under its two workers' concurrency of 8 each: none waits in line), so that
+    whenever the old image stops accepting, one started a moment before is in flight; "flood", one of 3 s every
+    100 ms (about 30: its workers saturated, the rest waiting in its group's queue). What became of each is counted:
+    200 (answered, by whichever image), or the client's error (cut: its connection closed without an answer)."""
 
-    def __init__(self, d, storm: bool) -> None:
+    EVERY: Final = {"hold": 0.1, "storm": 0.25, "flood": 0.1}
+    AT_ONCE: Final = {"hold": 1, "storm": 14, "flood": 40}
+
+    def __init__(self, d, shape: str) -> None:
         self.d = d
-        self.storm = storm
+        self.storm = shape != "hold"
+        self.shape = shape
         self.outcomes: Counter[str] = Counter()
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
@@ -194,13 +201,13 @@ class Hostile:
     def _start(self) -> None:
         while not self.stop.is_set():
             self.threads = [t for t in self.threads if t.is_alive()]
-            if len(self.threads) < (14 if self.storm else 1) and (self.storm or not self.outcomes):
+            if len(self.threads) < self.AT_ONCE[self.shape] and (self.storm or not self.outcomes):
                 thread = threading.Thread(target=self._hold)
                 thread.start()
                 self.threads.append(thread)
                 if not self.storm:
                     return
-            time.sleep(0.25)
+            time.sleep(self.EVERY[self.shape])
 
     def _hold(self) -> None:
         conn = http.client.HTTPConnection(self.d.host, self.d.port, timeout=120)
@@ -222,12 +229,12 @@ def bench_hostile(rounds: int) -> None:
         try:
             d.start()
             _wait_running(d, APPS, 2 * len(APPS))
-            for storm in (False, True):
-                print("hostile: tenant a " + ("starts a 3 s request every 250 ms" if storm else
-                                              "holds a 20 s request in flight")
-                      + "; b, c, d: 6 clients flat out; grace 5 s")
+            for shape, what in (("hold", "holds a 20 s request in flight"),
+                                ("storm", "starts a 3 s request every 250 ms"),
+                                ("flood", "starts a 3 s request every 100 ms (its workers saturated)")):
+                print(f"hostile: tenant a {what}; b, c, d: 6 clients flat out; grace 5 s")
                 for _ in range(rounds):
-                    with Clients(d, ["b", "c", "d"]) as clients, Hostile(d, storm) as hostile:
+                    with Clients(d, ["b", "c", "d"]) as clients, Hostile(d, shape) as hostile:
                         time.sleep(1.0)
                         wall, report = _upgrade(d)
                         time.sleep(1.0)

@@ -248,6 +248,58 @@ def test_a_request_awaiting_its_answer_is_carried_and_answered_by_the_new_image(
     assert _pids(d) == before
 
 
+ONE = """\
+tenants:
+  acme:
+    apps:
+      shop:
+        domains: [shop.localhost]
+        root: {root}
+        groups:
+          green:
+            command: ["{{python}}", "-m", "elasticd.demo"]
+            concurrency: 1
+            pool: {{min_workers: 1, max_workers: 1}}
+"""
+
+
+def test_a_request_waiting_for_its_saturated_worker_is_carried_and_sent_once_by_the_new_image(daemons, tmp_path):
+    """A tenant whose one worker (concurrency 1) is busy with a 4 s request: a second one (the user's in-process
+    counter) waits in its group's queue when the upgrade is asked. Neither holds the upgrade (it waits for neither),
+    neither is cut: the first is carried awaiting its answer, the second goes over as its client sent it, and the new
+    image sends it, once: the worker counts it once."""
+    d = daemons(ONE.format(root=tmp_path), extra_server=FAST)
+    d.start()
+    d.wait_workers("acme", "shop", "green", lambda ws: sum(w["state"] == "running" for w in ws) == 1)
+    before = d.workers("acme", "shop", "green")[0]["pid"]
+    _, _, cookie = browse(d, "/")
+    outcome: dict[str, tuple[int, str]] = {}
+
+    def ask(name: str, method: str, path: str, body: bytes | None = None) -> None:
+        conn = http.client.HTTPConnection(d.host, d.port, timeout=30)
+        conn.request(method, path, body=body, headers={"Host": "shop.localhost", "Cookie": f"elastic_uid={cookie}"})
+        response = conn.getresponse()
+        outcome[name] = (response.status, response.read().decode())
+        conn.close()
+
+    slow = threading.Thread(target=ask, args=("slow", "GET", "/sleep?ms=4000"))
+    slow.start()
+    time.sleep(0.5)
+    queued = threading.Thread(target=ask, args=("queued", "GET", "/counter"))
+    queued.start()
+    time.sleep(0.5)  # waiting in the group's queue behind the slow one
+    report = _upgrade(d)["report"]
+    slow.join(30)
+    queued.join(30)
+    assert report["outcome"] == "done" and report["requests"] == 2 and report["cut"] == 0, report
+    assert report["waited"] < 2.0, report
+    assert outcome["slow"][0] == 200 and json.loads(outcome["slow"][1]) == {"slept_ms": 4000}, outcome
+    assert outcome["queued"][0] == 200, outcome
+    first = json.loads(outcome["queued"][1])
+    assert _counter(d, cookie)["count"] == first["count"] + 1  # sent once: counted once
+    assert d.workers("acme", "shop", "green")[0]["pid"] == before
+
+
 def test_a_head_trickled_by_a_client_holds_the_upgrade_for_a_moment_only(daemons, tmp_path):
     """A slowloris client (a request head begun, never finished) while the front stops accepting: the upgrade waits
     for that head a moment (a head sent whole takes milliseconds), not the grace (10 s here), then cuts it."""

@@ -308,3 +308,41 @@ def test_the_listening_sockets_go_to_systemds_store(tmp_path, monkeypatch):
     assert got == [("FDSTORE=1\nFDNAME=front", 1), ("FDSTORE=1\nFDNAME=metrics", 1)]
     listeners.close_all()
     receiver.close()
+
+
+# ---------------------------------------------------------------------------------------------- a request read again
+
+AGAIN = [
+    ("a GET with its cookie", b"GET /a?b=1 HTTP/1.1\r\nHost: shop.localhost\r\nCookie: elastic_uid=u1; x=2\r\n"
+     b"Accept: */*\r\n\r\n"),
+    ("a POST with a body", b"POST /form HTTP/1.1\r\nHost: shop.localhost\r\nContent-Length: 7\r\n"
+     b"Content-Type: text/plain\r\n\r\nx=1&y=\xff"),
+    ("a chunked body, its trailer dropped", b"PUT /up HTTP/1.1\r\nHost: shop.localhost\r\n"
+     b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\nX-Trailer: t\r\n\r\n"),
+    ("HTTP/1.0, kept alive", b"GET / HTTP/1.0\r\nHost: shop.localhost\r\nConnection: keep-alive\r\n\r\n"),
+    ("HTTP/1.1, closing", b"GET / HTTP/1.1\r\nHost: shop.localhost\r\nConnection: close\r\n\r\n"),
+    ("forwarded, a user id the client has no say in", b"GET / HTTP/1.1\r\nHost: shop.localhost\r\n"
+     b"X-Forwarded-For: 203.0.113.9\r\nX-Forwarded-Proto: https\r\nX-Elastic-User-Id: forged\r\n\r\n"),
+]
+
+
+def _read_request(data: bytes):
+    from elasticd.front.core.connection import ClientRelay
+    relay = ClientRelay(65536)
+    relay.receive(data)
+    assert len(relay.queue) == 1 and relay.cur is None
+    return relay.queue[0]
+
+
+@pytest.mark.parametrize(("name", "sent"), AGAIN, ids=[row[0] for row in AGAIN])
+def test_a_request_not_yet_sent_reads_again_as_the_same_request(name, sent):
+    from elasticd.front.handover import request_again
+    first = _read_request(sent)
+    again = _read_request(request_again(first))
+    for read in (first, again):
+        assert read.body_done and read.error is None
+    assert (again.method, again.url, again.http11) == (first.method, first.url, first.http11)
+    assert b"".join(again.body) == b"".join(first.body)
+    for attribute in ("host", "cookie", "forwarded_for", "proto", "chunked", "keep_alive", "lines"):
+        assert getattr(again.head, attribute) == getattr(first.head, attribute), attribute
+    assert b"forged" not in request_again(first)

@@ -12,7 +12,11 @@ is carried only where nothing of it is in memory:
   else queued on its connection. Both its connections' reading is paused, so the answer stays in the kernel's
   buffer; the next image makes the exchange anew from what ``SavedRequest`` keeps (its method, version, whether the
   client keeps its connection, the cookie to set, whose and where) and relays the answer as this image would have.
-  A slow handler — a long poll, a report, a hostile tenant's request that never ends — holds nobody's upgrade.
+  A slow handler — a long poll, a report, a hostile tenant's request that never ends — holds nobody's upgrade;
+- a request not yet sent to a worker (``unsent``: in its group's queue, waiting for a worker that starts, or for one
+  of its worker's connections — its tenant's workers saturated): its client connection's reading is paused, and the
+  request goes over as the client could have sent it (``request_again``), for the next image to read and route
+  afresh. A tenant that keeps its own workers saturated holds nobody's upgrade either.
 
 Two phases, so that one tenant's long request does not hold every tenant's new connections:
 
@@ -30,9 +34,8 @@ Two phases, so that one tenant's long request does not hold every tenant's new c
 
 What can still make phase 2 last up to the grace is an answer *under way* that began in phase 1: its body is
 relayed through this image's parser (its framing, the chunk it is in), which an exec cannot carry. A request body
-being uploaded at phase 2 is the same, and so is a request waiting for its worker (in its group's queue, or for one
-of its worker's connections: its tenant's workers are saturated). All are bounded by the grace, then cut. A head
-that a client trickles (slowloris) is waited for only ``_HEAD_WAIT``.
+being uploaded at phase 2 is the same. Both are bounded by the grace, then cut. A head that a client trickles
+(slowloris) is waited for only ``_HEAD_WAIT``.
 
 If the exec then fails, ``resume`` undoes all of it: the old image goes on serving every connection as it was.
 """
@@ -51,12 +54,12 @@ from elasticd.front.carried import CarriedTunnel
 from elasticd.front.client import ClientConn
 from elasticd.front.core.exchange import Exchange
 from elasticd.front.core.http1 import RequestHead
-from elasticd.front.core.relay import EVENT_CLIENT_LEFT, PHASE_FORWARDING
+from elasticd.front.core.relay import EVENT_CLIENT_LEFT, PHASE_FORWARDING, PHASE_PARKED, PHASE_QUEUED
 from elasticd.front.server import Front
 from elasticd.front.upstream import Upstream, UpstreamConn
-from elasticd.upgrade.state import SavedRequest
+from elasticd.upgrade.state import SavedRequest, SavedUnsent
 
-__all__ = ["Settled", "awaiting", "carry_in", "resume", "settle"]
+__all__ = ["Settled", "awaiting", "carry_in", "request_again", "resume", "settle", "unsent"]
 
 log = logging.getLogger("elasticd.front")
 
@@ -71,6 +74,7 @@ class Settled:
     connections: list[int] = field(default_factory=list)
     tunnels: list[tuple[int, int, str, str | None]] = field(default_factory=list)  # client, worker, worker id, user
     requests: list[SavedRequest] = field(default_factory=list)  # awaiting their answer
+    unsent: list[SavedUnsent] = field(default_factory=list)  # not yet sent to a worker
     cut: int = 0  # requests still in flight past the grace
     closed: int = 0  # connections not carried (closing already, or a tunnel that did not settle)
     waited: float = 0.0
@@ -98,6 +102,47 @@ def awaiting(conn: ClientConn) -> Exchange | None:
     if upstream is None or upstream.is_closing() or upstream.get_write_buffer_size():
         return None
     return ex
+
+
+def unsent(conn: ClientConn) -> Exchange | None:
+    """``conn``'s one request when it was read whole and not yet sent to a worker — in its group's queue (parked),
+    waiting for a worker that starts (parked), or for one of its worker's connections (forwarding, no connection) —,
+    with nothing else on the connection and nothing unwritten to the client. None otherwise."""
+    relay, transport = conn.relay, conn.transport
+    if (transport is None or transport.is_closing() or transport.get_write_buffer_size() or len(relay.queue) != 1
+            or relay.cur is not None or relay.tunnel is not None or relay.upgrading is not None or relay.draining):
+        return None
+    ex = relay.queue[0]
+    if not ex.body_done or ex.sent or ex.error is not None or ex.head.upgrade is not None:
+        return None
+    phase = ex.phase
+    if phase is PHASE_QUEUED or phase is PHASE_PARKED or (phase is PHASE_FORWARDING and ex.conn is None):
+        return ex
+    return None
+
+
+def request_again(ex: Exchange) -> bytes:
+    """``ex`` as its client could have sent it: its line, its end-to-end header lines as read (Host, Cookie,
+    Content-Length and the rest), the X-Forwarded-For it came with, its connection's persistence as its version
+    needs it said, and its body whole (a chunked one as one chunk; the trailer was dropped on reading). What the
+    reader drops (hop-by-hop fields, X-Elastic-User-Id) stays dropped. Read again, it is the same request."""
+    head = ex.head
+    parts = [ex.method, b" ", ex.url, b" HTTP/1.1\r\n" if ex.http11 else b" HTTP/1.0\r\n", *head.lines]
+    if head.forwarded_for is not None:
+        parts += [b"X-Forwarded-For: ", head.forwarded_for, b"\r\n"]
+    if ex.http11 and not head.keep_alive:
+        parts.append(b"Connection: close\r\n")
+    elif not ex.http11 and head.keep_alive:
+        parts.append(b"Connection: keep-alive\r\n")
+    body = b"".join(ex.body)
+    if head.chunked is not None:
+        parts += [b"Transfer-Encoding: ", head.chunked, b"\r\n\r\n"]
+        if body:
+            parts += [b"%x\r\n" % len(body), body, b"\r\n"]
+        parts.append(b"0\r\n\r\n")
+    else:
+        parts += [b"\r\n", body]
+    return b"".join(parts)
 
 
 def _saved(ex: Exchange, client_fd: int, worker_fd: int) -> SavedRequest:
@@ -156,6 +201,8 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
             elif (ex := awaiting(conn)) is not None:
                 pause(transport)
                 pause(ex.conn.transport)  # type: ignore[union-attr]  # (awaiting: it has one)
+            elif unsent(conn) is not None:
+                pause(transport)
             elif not conn.relay.queue:
                 # A head begun and not finished: a client sends one whole in milliseconds, so past _HEAD_WAIT this is
                 # one that trickles it (slowloris: anyone can open such a connection) and it holds nobody: cut.
@@ -197,6 +244,13 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
                 settled.cut += 1
             else:
                 settled.requests.append(_saved(ex, _inheritable_dup(client_fd), _inheritable_dup(worker_fd)))
+        elif (ex := unsent(conn)) is not None and id(transport) in paused:
+            # (no await from here to the exec: this image sends it nowhere meanwhile, so it is sent once, by the next)
+            client_fd = _fd(transport)
+            if client_fd is None:
+                settled.cut += 1
+            else:
+                settled.unsent.append(SavedUnsent(_inheritable_dup(client_fd), request_again(ex).decode("latin-1")))
         else:
             settled.cut += 1
     # Tunnels carried over from the image before: carried on again, as they are (never paused: both sides are
@@ -219,12 +273,12 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
 
 
 def _any_in_flight(front: Front, exchanges: set[int]) -> bool:
-    """One of ``exchanges`` is still in flight, and not merely awaiting its answer (that one is carried)."""
+    """One of ``exchanges`` is still in flight, and neither awaiting its answer nor unsent (those are carried)."""
     if not exchanges:
         return False
     for conn in list(front.conns):
         for ex in conn.relay.queue:
-            if id(ex) in exchanges and awaiting(conn) is not ex:
+            if id(ex) in exchanges and awaiting(conn) is not ex and unsent(conn) is not ex:
                 return True
     return False
 
@@ -245,6 +299,8 @@ def resume(front: Front, settled: Settled) -> None:
     for request in settled.requests:
         os.close(request.client)
         os.close(request.upstream)
+    for queued in settled.unsent:
+        os.close(queued.client)
     for transport in settled.paused:
         if not transport.is_closing():
             transport.resume_reading()
@@ -252,11 +308,12 @@ def resume(front: Front, settled: Settled) -> None:
 
 async def carry_in(front: Front, connections: list[int], tunnels: list[tuple[int, int, str, str | None]],
                    requests: Sequence[SavedRequest] = (),
-                   upstream_of: Callable[[str], Upstream | None] = lambda worker: None) -> tuple[int, int, int]:
+                   upstream_of: Callable[[str], Upstream | None] = lambda worker: None,
+                   unsent_requests: Sequence[SavedUnsent] = ()) -> tuple[int, int, int]:
     """The new image's side: serve the kept-alive connections, relay the tunnels, and take up the requests awaiting
-    their answer that the previous image handed over (``upstream_of``: a running worker's Upstream by its id, routable
-    or not). (carried connections, carried tunnels, carried requests); one whose connection is gone is closed and not
-    counted."""
+    their answer and those not yet sent that the previous image handed over (``upstream_of``: a running worker's
+    Upstream by its id, routable or not). (carried connections, carried tunnels, carried requests of both kinds); one
+    whose connection is gone is closed and not counted."""
     loop = asyncio.get_running_loop()
     kept = 0
     for fd in connections:
@@ -290,7 +347,37 @@ async def carry_in(front: Front, connections: list[int], tunnels: list[tuple[int
             requests_kept += await _carry_request(front, saved, upstream_of)
         except Exception:  # one request that cannot be taken up must not keep the others from theirs
             log.exception("taking up %s %s, carried over the re-exec, failed", saved.method, saved.url)
+    for queued in unsent_requests:
+        try:
+            requests_kept += await _carry_unsent(front, queued)
+        except Exception:
+            log.exception("taking up a request not yet sent, carried over the re-exec, failed")
     return kept, tunnels_kept, requests_kept
+
+
+async def _carry_unsent(front: Front, saved: SavedUnsent) -> bool:
+    """Read ``saved``'s request on a client connection of this image's front as if its client had sent it now, and
+    route it as any: the connection's own bytes (a next request) are read after it, in order."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(fileno=saved.client)
+    os.set_inheritable(sock.fileno(), False)
+    sock.setblocking(False)
+    client = front.connection()
+    client.relay.receive(saved.data.encode("latin-1"))  # parsed before the transport reads a byte of the socket
+    if len(client.relay.queue) != 1:
+        log.warning("a request carried over the re-exec did not read as one: its connection is closed")
+        sock.close()
+        return False
+    try:
+        await loop.connect_accepted_socket(lambda: client, sock)
+    except OSError as exc:
+        log.info("a request carried over the re-exec: its client is gone: %s", exc)
+        sock.close()
+        return False
+    # Dispatched through the protocol's own path (an empty read: the request queued is DISPATCHed, or, if the
+    # client's next bytes were read first, served in order), so that what follows an answer is what follows it.
+    client.data_received(b"")
+    return True
 
 
 async def _carry_request(front: Front, saved: SavedRequest, upstream_of: Callable[[str], Upstream | None]) -> bool:

@@ -25,6 +25,7 @@ def kept_descriptors(saved: SavedState | None, stored: Mapping[str, list[int]]) 
         keep.update(saved.connections)
         keep.update(fd for tunnel in saved.tunnels for fd in (tunnel.client, tunnel.upstream))
         keep.update(fd for request in saved.requests for fd in (request.client, request.upstream))
+        keep.update(request.client for request in saved.unsent)
         keep.update(worker.output for worker in saved.workers if worker.output is not None)
     return keep
 

@@ -189,9 +189,9 @@ class ReExec:
             outputs = [w.output for w in state.workers if w.output is not None]
             for fd in outputs:
                 os.set_inheritable(fd, True)
-            log.info("upgrade: %d workers, %d users, %d connections, %d tunnels, %d requests awaiting their answer "
-                     "handed over; exec", len(state.workers), len(state.users), len(settled.connections),
-                     len(settled.tunnels), len(settled.requests))
+            log.info("upgrade: %d workers, %d users, %d connections, %d tunnels, %d requests awaiting their answer and "
+                     "%d not yet sent handed over; exec", len(state.workers), len(state.users),
+                     len(settled.connections), len(settled.tunnels), len(settled.requests), len(settled.unsent))
             for handler in logging.getLogger().handlers:
                 with contextlib.suppress(Exception):
                     handler.flush()
@@ -235,7 +235,7 @@ class ReExec:
             written_at=time.monotonic(), listeners=daemon.listeners.handover(),
             channel_inodes=daemon.channel.inodes(), connections=tuple(settled.connections),
             tunnels=tuple(SavedTunnel(c, u, w, user) for c, u, w, user in settled.tunnels),
-            requests=tuple(settled.requests),
+            requests=tuple(settled.requests), unsent=tuple(settled.unsent),
             handover=handover, cgroup_base=daemon.cgroups.base if daemon.cgroups.enforced else None)
 
     # ------------------------------------------------------------------ the new image
@@ -319,18 +319,18 @@ class ReExec:
         now = time.monotonic()
         connections, tunnels, requests = await front_handover.carry_in(
             daemon.front, list(saved.connections), [(t.client, t.upstream, t.worker, t.user) for t in saved.tunnels],
-            saved.requests, daemon.upstreams.of)
+            saved.requests, daemon.upstreams.of, saved.unsent)
         unclaimed = daemon.listeners.close_unclaimed()
         report = self.report
         notes = tuple(f"the previous image's {name} socket is not configured now: closed" for name in unclaimed)
         self.report = replace(
             report, connections=connections, tunnels=tunnels, requests=requests,
             closed=report.closed + (len(saved.connections) - connections) + (len(saved.tunnels) - tunnels)
-            + (len(saved.requests) - requests),
+            + (len(saved.requests) + len(saved.unsent) - requests),
             accept_gap=now - self._gap_began, wall=time.monotonic() - self._began, notes=notes)
         log.info("upgrade: done, re-exec %d: %d workers kept, %d not; %d users kept; %d connections, %d tunnels and %d "
-                 "requests awaiting their answer carried; accept gap %.0f ms", report.generation, len(report.kept),
-                 len(report.not_kept), report.users_kept, connections, tunnels, requests,
+                 "requests (awaiting their answer, or not yet sent) carried; accept gap %.0f ms", report.generation,
+                 len(report.kept), len(report.not_kept), report.users_kept, connections, tunnels, requests,
                  (now - self._gap_began) * 1000)
         self.under_way = False
 

@@ -40,7 +40,7 @@ class UpgradeReport:
     users_dropped: int = 0
     connections: int = 0  # idle kept-alive client connections carried over
     tunnels: int = 0  # WebSocket tunnels carried over
-    requests: int = 0  # requests awaiting their answer, carried over (answered by the new image)
+    requests: int = 0  # requests awaiting their answer or not yet sent, carried over (answered by the new image)
     cut: int = 0  # requests in flight past the grace, their connections closed
     closed: int = 0  # client connections not carried
     waited: float = 0.0  # seconds the old image waited for requests in flight
@@ -75,7 +75,7 @@ def describe(report: dict[str, Any]) -> list[str]:
         lines.append(f"  not kept: {item.get('worker')}: {item.get('verdict')}: {item.get('reason')}")
     lines.append(f"users kept: {report.get('users_kept', 0)}, placed anew: {report.get('users_dropped', 0)}")
     lines.append(f"connections carried: {report.get('connections', 0)}, WebSocket tunnels: {report.get('tunnels', 0)}, "
-                 f"requests awaiting their answer: {report.get('requests', 0)}; cut past the grace: "
+                 f"requests in flight: {report.get('requests', 0)}; cut past the grace: "
                  f"{report.get('cut', 0)}, not carried: {report.get('closed', 0)}")
     gap, wall = report.get("accept_gap"), report.get("wall")
     if gap is not None:

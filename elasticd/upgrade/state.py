@@ -19,12 +19,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, Final
 
-__all__ = ["FORMAT", "READS", "SavedHandover", "SavedRequest", "SavedState", "SavedTunnel", "SavedUser", "SavedWorker",
-           "StateError", "digest", "dump", "load"]
+__all__ = ["FORMAT", "READS", "SavedHandover", "SavedRequest", "SavedState", "SavedTunnel", "SavedUnsent", "SavedUser",
+           "SavedWorker", "StateError", "digest", "dump", "load"]
 
-# The format this image writes, and those it reads. Format 2 added ``requests`` (requests awaiting their answer, carried
-# over); a format-1 document has none, so it reads as it is. An image that reads only format 1 would drop format 2's
-# requests unseen: it refuses the document (its preflight says so), and the package falls back to a restart.
+# The format this image writes, and those it reads. Format 2 added ``requests`` and ``unsent`` (requests awaiting their
+# answer, and requests not yet sent to a worker, carried over); a format-1 document has none, so it reads as it is.
+# An image that reads only format 1 would drop format 2's requests unseen: it refuses the document (its preflight
+# says so), and the package falls back to a restart.
 FORMAT: Final = 2
 READS: Final = (1, 2)
 
@@ -96,6 +97,16 @@ class SavedRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class SavedUnsent:
+    """A request read whole and not yet sent to a worker (in its group's queue, waiting for a worker that starts, or
+    for one of its worker's connections): its client's connection, and the request as the client could have sent it
+    (``front.handover.request_again``), which the next image reads as if it came now and routes afresh."""
+
+    client: int
+    data: str  # the request's bytes, latin-1 (one character a byte)
+
+
+@dataclass(frozen=True, slots=True)
 class SavedHandover:
     """How the step went on the old image's side, for the report the new image gives (``elasticctl upgrade``)."""
 
@@ -125,6 +136,7 @@ class SavedState:
     connections: tuple[int, ...] = ()
     tunnels: tuple[SavedTunnel, ...] = ()
     requests: tuple[SavedRequest, ...] = ()
+    unsent: tuple[SavedUnsent, ...] = ()
     handover: SavedHandover | None = None
     cgroup_base: str | None = None  # the cgroup base the old image claimed (it lives in <base>/server by now)
     format: int = FORMAT
@@ -156,6 +168,7 @@ _TUNNEL: Final[_Shape] = {"client": int, "upstream": int, "worker": str, "user":
 _REQUEST: Final[_Shape] = {"client": int, "upstream": int, "worker": str, "user": (str, type(None)), "group": str,
                            "host": (str, type(None)), "method": str, "url": str, "http11": bool, "keep_alive": bool,
                            "has_body": bool, "cookie_line": str, "began": (int, float)}
+_UNSENT: Final[_Shape] = {"client": int, "data": str}
 _HANDOVER: Final[_Shape] = {"generation": int, "version": str, "began": (int, float), "stopped_accepting": (int, float),
                             "waited": (int, float), "cut": int, "closed": int}
 _USER: Final[_Shape] = {"user": str, "worker": str, "group": str, "app": str, "login": (str, type(None)),
@@ -195,11 +208,12 @@ def load(data: bytes) -> SavedState:
                     for i, item in enumerate(_list(raw, "tunnels")))
     requests = tuple(SavedRequest(**_fields(item, _REQUEST, f"requests[{i}]"))
                      for i, item in enumerate(_list(raw, "requests")))
+    unsent = tuple(SavedUnsent(**_fields(item, _UNSENT, f"unsent[{i}]")) for i, item in enumerate(_list(raw, "unsent")))
     handover = raw.get("handover")
     return SavedState(workers=workers, users=users, overrides=overrides, buckets=buckets, next_ids=next_ids,
                       written_at=float(_typed(raw.get("written_at", 0.0), (int, float), "written_at")),
                       listeners=listeners, channel_inodes=inodes, connections=connections, tunnels=tunnels,
-                      requests=requests,
+                      requests=requests, unsent=unsent,
                       handover=SavedHandover(**_fields(handover, _HANDOVER, "handover")) if handover is not None
                       else None,
                       cgroup_base=_typed(raw.get("cgroup_base"), (str, type(None)), "cgroup_base"), format=version)
