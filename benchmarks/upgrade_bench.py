@@ -240,8 +240,8 @@ def bench_hostile(rounds: int) -> None:
                         time.sleep(1.0)
                     print(f"  neighbours: requests {sum(clients.codes.values())}, failed {clients.failed()}, slowest "
                           f"answer {clients.slowest:.2f} s; accept gap {report['accept_gap'] * 1000:.0f} ms (waited "
-                          f"{report['waited']:.2f} s for requests in flight, cut {report['cut']}, carried awaiting "
-                          f"their answer {report.get('requests', 0)}); a's requests: {dict(hostile.outcomes)}; step "
+                          f"{report['waited']:.2f} s for requests in flight, cut {report['cut']}, carried in flight "
+                          f"{report.get('requests', 0)}); a's requests: {dict(hostile.outcomes)}; step "
                           f"{wall:.2f} s")
         finally:
             d.stop()
