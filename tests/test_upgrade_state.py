@@ -12,6 +12,7 @@ from elasticd.upgrade.state import (
     FORMAT,
     SavedRequest,
     SavedState,
+    SavedUnsent,
     SavedUser,
     SavedWorker,
     StateError,
@@ -29,8 +30,9 @@ STATE = SavedState(workers=(W1, W2),
                           SavedUser("b" * 32, W2.id, "green", "acme/shop", None, 13.0)),
                    overrides={"acme": {"cpu": "40%"}}, buckets={"acme": (4.5, 12.0)},
                    next_ids={"acme/shop/green": 3}, written_at=99.5,
-                   requests=(SavedRequest(7, 8, W1.id, "a" * 32, "green", "shop.localhost", "GET", "/slow?ms=9000",
-                                          True, True, False, "", 98.25),))
+                   requests=(SavedRequest(7, 8, W1.id, "a" * 32, "acme", "shop", "green", "shop.localhost", "GET",
+                                          "/slow?ms=9000", True, True, False, "", 98.25),),
+                   unsent=(SavedUnsent(9, "R0VUIC8gSFRUUC8xLjENCg0K"),))
 
 
 def test_the_state_is_read_back_as_it_was_written():
@@ -52,6 +54,7 @@ def test_the_state_is_read_back_as_it_was_written():
     (lambda d: d.update(workers={}), "workers: not a list"),
     (lambda d: d["requests"][0].update(keep_alive="yes"), "requests[0].keep_alive: 'yes' is not of the right kind"),
     (lambda d: d["requests"][0].pop("upstream"), "requests[0].upstream: missing"),
+    (lambda d: d["unsent"][0].update(data=None), "unsent[0].data: None is not of the right kind"),
 ])
 def test_a_document_of_another_format_or_malformed_is_refused_naming_why(change, refusal):
     document = json.loads(dump(STATE))
@@ -65,9 +68,9 @@ def test_a_format_1_document_is_read_with_no_request_awaiting_its_answer():
     """The image before format 2 wrote no ``requests``: an upgrade from it reads the rest as it was."""
     document = json.loads(dump(STATE))
     document.update(format=1)
-    del document["requests"]
+    del document["requests"], document["unsent"]
     assert load(json.dumps(document).encode()) == SavedState(**{**{f: getattr(STATE, f) for f in STATE.__slots__},
-                                                                "requests": (), "format": 1})
+                                                                "requests": (), "unsent": (), "format": 1})
 
 
 def test_not_json_is_refused():

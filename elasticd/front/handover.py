@@ -33,9 +33,10 @@ Two phases, so that one tenant's long request does not hold every tenant's new c
    empty (a client or worker that does not read).
 
 What can still make phase 2 last up to the grace is an answer *under way* that began in phase 1: its body is
-relayed through this image's parser (its framing, the chunk it is in), which an exec cannot carry. A request body
-being uploaded at phase 2 is the same. Both are bounded by the grace, then cut. A head that a client trickles
-(slowloris) is waited for only ``_HEAD_WAIT``.
+relayed through this image's parser (its framing, the chunk it is in), which an exec cannot carry; only a tenant's
+own worker can make one last (a slow stream), and it is cut at the grace. What a *client* has yet to finish (a
+request head or body begun, requests pipelined behind the one under way) is waited for ``_CLIENT_WAIT`` only, then
+cut: otherwise any client could hold every tenant's new connections for the grace.
 
 If the exec then fails, ``resume`` undoes all of it: the old image goes on serving every connection as it was.
 """
@@ -43,6 +44,7 @@ If the exec then fails, ``resume`` undoes all of it: the old image goes on servi
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
 import socket
@@ -64,7 +66,13 @@ __all__ = ["Settled", "awaiting", "carry_in", "request_again", "resume", "settle
 log = logging.getLogger("elasticd.front")
 
 _POLL = 0.005  # seconds between two looks at the connections while they settle
-_HEAD_WAIT = 1.0  # seconds phase 2 waits for a request head begun to be whole (a request then, waited for)
+# Seconds phase 2 waits for what only a client can finish and cannot be carried half done: a request head or body
+# begun (a client sends a whole one in milliseconds), requests pipelined behind one. Past it, a client that trickles
+# (slowloris: anyone can open such a connection) holds nobody: it is cut.
+_CLIENT_WAIT = 1.0
+# Request bytes carried for requests not yet sent, in all (each is at most a head and MAX_PENDING of body): the
+# document is built in the accept gap, and past this a flood of large queued requests is cut rather than carried.
+_MAX_UNSENT_BYTES = 32 << 20
 
 
 @dataclass(slots=True)
@@ -148,10 +156,19 @@ def request_again(ex: Exchange) -> bytes:
 def _saved(ex: Exchange, client_fd: int, worker_fd: int) -> SavedRequest:
     """``ex`` as the next image takes it (``_carry_request``), with its connections' inheritable duplicates."""
     host = ex.head.host
-    return SavedRequest(client_fd, worker_fd, ex.worker or "", ex.user, ex.group,
+    route = ex.route
+    assert route is not None  # (awaiting: routed)
+    return SavedRequest(client_fd, worker_fd, ex.worker or "", ex.user, route.tenant, route.app, ex.group,
                         host.decode("latin-1") if host is not None else None, ex.method.decode("latin-1"),
                         ex.url.decode("latin-1"), ex.http11, ex.head.keep_alive, ex.head.has_body,
                         ex.cookie_line.decode("latin-1"), ex.ts)
+
+
+def _client_owes(conn: ClientConn) -> bool:
+    """What keeps ``conn`` from settling is the client's to finish: a head or body it is still sending, or requests
+    it pipelined behind the one under way."""
+    relay = conn.relay
+    return relay.cur is not None or len(relay.queue) > 1 or (bool(relay.queue) and not relay.queue[0].body_done)
 
 
 def _fd(transport: Any) -> int | None:
@@ -174,10 +191,12 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
     front.stop_accepting()
     settled.stopped_accepting = clock()
     deadline = settled.stopped_accepting + grace
-    paused: dict[int, Any] = {}  # id(transport) → transport
+    # Transports paused here (id → transport), to resume if the exec fails. One the relay paused itself (its
+    # back-pressure) is left to the relay: resuming it would undo that.
+    paused: dict[int, Any] = {}
 
     def pause(transport: Any) -> None:
-        if id(transport) not in paused and not transport.is_closing():
+        if not transport.is_closing() and transport.is_reading():
             transport.pause_reading()
             paused[id(transport)] = transport
 
@@ -203,10 +222,8 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
                 pause(ex.conn.transport)  # type: ignore[union-attr]  # (awaiting: it has one)
             elif unsent(conn) is not None:
                 pause(transport)
-            elif not conn.relay.queue:
-                # A head begun and not finished: a client sends one whole in milliseconds, so past _HEAD_WAIT this is
-                # one that trickles it (slowloris: anyone can open such a connection) and it holds nobody: cut.
-                if clock() - settled.stopped_accepting < _HEAD_WAIT:
+            elif _client_owes(conn):
+                if clock() - settled.stopped_accepting < _CLIENT_WAIT:  # (see _CLIENT_WAIT: then cut)
                     busy += 1
             elif not any(id(ex) in first_ids for ex in conn.relay.queue):  # (one from phase 1 had its grace: cut)
                 busy += 1
@@ -215,6 +232,7 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
         await asyncio.sleep(_POLL)
     settled.waited = clock() - began
     settled.paused = list(paused.values())
+    unsent_bytes = 0
     for conn in list(front.conns):
         transport = conn.transport
         if transport is None or transport.is_closing():
@@ -232,25 +250,28 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
                 continue
             settled.tunnels.append((_inheritable_dup(client_fd), _inheritable_dup(worker_fd),
                                     carried.pool.worker_id, conn.tunnel_user))
-        elif conn.idle and id(transport) in paused and not transport.get_write_buffer_size():
+        elif conn.idle and not transport.is_reading() and not transport.get_write_buffer_size():
             fd = _fd(transport)
             if fd is None:
                 settled.closed += 1
             else:
                 settled.connections.append(_inheritable_dup(fd))
-        elif (ex := awaiting(conn)) is not None and id(transport) in paused:
+        elif ((ex := awaiting(conn)) is not None and not transport.is_reading()
+              and not ex.conn.transport.is_reading()):  # type: ignore[union-attr]  # (awaiting: it has one)
             client_fd, worker_fd = _fd(transport), _fd(ex.conn.transport)  # type: ignore[union-attr]
             if client_fd is None or worker_fd is None:
                 settled.cut += 1
             else:
                 settled.requests.append(_saved(ex, _inheritable_dup(client_fd), _inheritable_dup(worker_fd)))
-        elif (ex := unsent(conn)) is not None and id(transport) in paused:
+        elif (ex := unsent(conn)) is not None and not transport.is_reading():
             # (no await from here to the exec: this image sends it nowhere meanwhile, so it is sent once, by the next)
             client_fd = _fd(transport)
-            if client_fd is None:
+            data = request_again(ex)
+            unsent_bytes += len(data)
+            if client_fd is None or unsent_bytes > _MAX_UNSENT_BYTES:
                 settled.cut += 1
             else:
-                settled.unsent.append(SavedUnsent(_inheritable_dup(client_fd), request_again(ex).decode("latin-1")))
+                settled.unsent.append(SavedUnsent(_inheritable_dup(client_fd), base64.b64encode(data).decode()))
         else:
             settled.cut += 1
     # Tunnels carried over from the image before: carried on again, as they are (never paused: both sides are
@@ -363,7 +384,7 @@ async def _carry_unsent(front: Front, saved: SavedUnsent) -> bool:
     os.set_inheritable(sock.fileno(), False)
     sock.setblocking(False)
     client = front.connection()
-    client.relay.receive(saved.data.encode("latin-1"))  # parsed before the transport reads a byte of the socket
+    client.relay.receive(base64.b64decode(saved.data))  # parsed before the transport reads a byte of the socket
     if len(client.relay.queue) != 1:
         log.warning("a request carried over the re-exec did not read as one: its connection is closed")
         sock.close()
@@ -374,6 +395,8 @@ async def _carry_unsent(front: Front, saved: SavedUnsent) -> bool:
         log.info("a request carried over the re-exec: its client is gone: %s", exc)
         sock.close()
         return False
+    if client.transport is None or client.transport.is_closing():
+        return False  # the client left as its connection was taken: nothing to send for it
     # Dispatched through the protocol's own path (an empty read: the request queued is DISPATCHed, or, if the
     # client's next bytes were read first, served in order), so that what follows an answer is what follows it.
     client.data_received(b"")
@@ -392,12 +415,15 @@ async def _carry_request(front: Front, saved: SavedRequest, upstream_of: Callabl
         sock.setblocking(False)
     host = saved.host.encode("latin-1") if saved.host is not None else None
     target = front.target(host)
+    if target is not None and (target.route.tenant, target.route.app) != (saved.tenant, saved.app):
+        target = None  # (a reload between the images gave its host to another app: not this request's route)
     upstream = upstream_of(saved.worker)
     if upstream is None and target is not None:  # a node (another host's elasticd) is not a worker of ours
         upstream = next((u for u in front.workers_of(target.route.tenant, target.route.app, saved.group)
                          if u.worker_id == saved.worker), None)
     if target is None or upstream is None:
-        why = "its host is not routed now" if target is None else f"its worker {saved.worker} is gone"
+        why = (f"its host no longer routes to {saved.tenant}/{saved.app}" if target is None
+               else f"its worker {saved.worker} is gone")
         log.warning("%s %s, carried over the re-exec: %s; its connection is closed", saved.method, saved.url, why)
         client_sock.close()
         worker_sock.close()
@@ -443,6 +469,16 @@ async def _carry_request(front: Front, saved: SavedRequest, upstream_of: Callabl
     except OSError as exc:
         worker_sock.close()
         link.connection_lost(exc)  # the worker's connection ended before the answer: 502, as the front says it
+        return False
+    except BaseException:
+        worker_sock.close()
+        ex.abandon(front.clock(), front.forwards)  # (its forward undone: no entry, in-flight count or quota held)
+        raise
+    if link.closed:
+        # The client left while the worker's side was being taken (its 499 is settled, and it closed this link
+        # before it had a transport): nobody waits for the answer.
+        if link.transport is not None:
+            link.transport.close()
         return False
     pool.opened(link)
     return True

@@ -75,7 +75,7 @@ class _Group:
 
 
 class Supervisor:
-    __slots__ = ("_alive", "_background", "_counters", "_groups", "_lock", "changes", "leaf_for",
+    __slots__ = ("_alive", "_background", "_counters", "_groups", "_lock", "carried_in", "changes", "leaf_for",
                  "occupancy_interval", "on_worker_state", "runtime_dir", "start_wait", "stop_timeout", "stopping",
                  "systemd_cat", "wait_drained")
 
@@ -102,6 +102,9 @@ class Supervisor:
         self._background = Background(log, "retiring workers")
         self._lock = asyncio.Lock()
         self.wait_drained: DrainFn | None = None  # the daemon's: waits on the front's open requests and tunnels
+        # Set once a re-exec's new image has taken up the requests and tunnels carried over (until then the front
+        # counts none of them open): workers adopted only to be retired wait for it before their drain is read.
+        self.carried_in: asyncio.Event | None = None
         self.stopping = False
 
     @staticmethod
@@ -326,6 +329,8 @@ class Supervisor:
 
         async def retire() -> None:
             # Cancelled only by stop_all, which stops every alive worker itself: no stop here on cancellation.
+            if self.carried_in is not None:
+                await self.carried_in.wait()
             if self.wait_drained is not None:
                 try:
                     await self.wait_drained(workers, drain_timeout)

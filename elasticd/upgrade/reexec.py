@@ -182,7 +182,9 @@ class ReExec:
             settled = await front_handover.settle(daemon.front, daemon.config.server.stop_timeout, time.monotonic)
             state = self._state(settled, began, settled.stopped_accepting)
             memfd = os.memfd_create("elasticd-state", 0)
-            os.write(memfd, dump(state))
+            document = memoryview(dump(state))
+            while document:  # (one write() may take less than all of it)
+                document = document[os.write(memfd, document):]
             os.set_inheritable(memfd, True)
             env = dict(os.environ)
             env[STATE_ENV] = str(memfd)
@@ -288,6 +290,7 @@ class ReExec:
                 log.info("upgrade: worker %s adopted to be retired: %s", worker.id, why)
         numbers = {group: number for name, number in saved.next_ids.items()
                    if (group := _group_key(name)) is not None}
+        supervisor.carried_in = asyncio.Event()  # (set by serving(): the retiring wait for what was carried to them)
         supervisor.adopt(config, kept, leaving, numbers)
         adopted_pids = {w.pid for w in saved.workers if w.pid in alive}
         killed = _kill_children(adopted_pids)
@@ -312,6 +315,14 @@ class ReExec:
 
     async def serving(self, saved: SavedState | None) -> None:
         """The front accepts again: take the carried connections and tunnels, and close the report."""
+        try:
+            await self._serving(saved)
+        finally:
+            carried_in = self._daemon.supervisor.carried_in
+            if carried_in is not None:
+                carried_in.set()
+
+    async def _serving(self, saved: SavedState | None) -> None:
         if saved is None or self.report is None or self.report.outcome != DONE:
             self.under_way = False
             return

@@ -85,6 +85,8 @@ class SavedRequest:
     upstream: int  # the worker's connection
     worker: str
     user: str | None
+    tenant: str
+    app: str
     group: str
     host: str | None  # the request's Host (latin-1), which names its route (None: it had none)
     method: str
@@ -103,7 +105,7 @@ class SavedUnsent:
     (``front.handover.request_again``), which the next image reads as if it came now and routes afresh."""
 
     client: int
-    data: str  # the request's bytes, latin-1 (one character a byte)
+    data: str  # the request's bytes, base64 (a body may be any bytes; JSON would write most of them 6 characters long)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +167,8 @@ _WORKER: Final[_Shape] = {"id": str, "tenant": str, "app": str, "group": str, "p
                   "socket_path": str, "token": str, "spec": str, "restarts": int, "served": bool,
                   "sandboxed": bool, "listed": bool, "output": (int, type(None))}
 _TUNNEL: Final[_Shape] = {"client": int, "upstream": int, "worker": str, "user": (str, type(None))}
-_REQUEST: Final[_Shape] = {"client": int, "upstream": int, "worker": str, "user": (str, type(None)), "group": str,
+_REQUEST: Final[_Shape] = {"client": int, "upstream": int, "worker": str, "user": (str, type(None)), "tenant": str,
+                           "app": str, "group": str,
                            "host": (str, type(None)), "method": str, "url": str, "http11": bool, "keep_alive": bool,
                            "has_body": bool, "cookie_line": str, "began": (int, float)}
 _UNSENT: Final[_Shape] = {"client": int, "data": str}
