@@ -1,5 +1,5 @@
-"""The front's part of a re-exec in place: settle every client connection so that the next image can take it, and
-take them on the other side.
+"""The front's part of a re-exec in place, on the old image's side: settle every client connection so that the next
+image can take it (``takeover`` takes them on the other side).
 
 What can be carried over an exec is a descriptor; what cannot is anything in this process's memory. So a connection
 is carried only where nothing of it is in memory:
@@ -47,21 +47,17 @@ import asyncio
 import base64
 import logging
 import os
-import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from elasticd.front.carried import CarriedTunnel
 from elasticd.front.client import ClientConn
 from elasticd.front.core.exchange import Exchange
-from elasticd.front.core.http1 import RequestHead
-from elasticd.front.core.relay import EVENT_CLIENT_LEFT, PHASE_FORWARDING, PHASE_PARKED, PHASE_QUEUED
+from elasticd.front.core.relay import PHASE_FORWARDING, PHASE_PARKED, PHASE_QUEUED
 from elasticd.front.server import Front
-from elasticd.front.upstream import Upstream, UpstreamConn
-from elasticd.upgrade.state import SavedRequest, SavedUnsent
+from elasticd.upgrade.state import SavedRequest, SavedTunnel, SavedUnsent
 
-__all__ = ["Settled", "awaiting", "carry_in", "request_again", "resume", "settle", "unsent"]
+__all__ = ["Settled", "awaiting", "request_again", "resume", "settle", "unsent"]
 
 log = logging.getLogger("elasticd.front")
 
@@ -80,7 +76,7 @@ class Settled:
     """What the front hands over: descriptors (duplicates, inheritable) and what could not be carried."""
 
     connections: list[int] = field(default_factory=list)
-    tunnels: list[tuple[int, int, str, str | None]] = field(default_factory=list)  # client, worker, worker id, user
+    tunnels: list[SavedTunnel] = field(default_factory=list)
     requests: list[SavedRequest] = field(default_factory=list)  # awaiting their answer
     unsent: list[SavedUnsent] = field(default_factory=list)  # not yet sent to a worker
     cut: int = 0  # requests still in flight past the grace
@@ -90,18 +86,23 @@ class Settled:
     paused: list[Any] = field(default_factory=list)  # transports paused here: resumed if the exec fails
 
 
-def awaiting(conn: ClientConn) -> Exchange | None:
-    """``conn``'s one request when it can be carried as it is: sent whole to its worker, whose answer has not begun
-    (not a byte of it read), with nothing else on the connection (no request queued behind it or half parsed, no
-    body bytes held, no upgrade) and nothing unwritten either way. None otherwise."""
+def _alone(conn: ClientConn) -> Exchange | None:
+    """``conn``'s one request, read whole, when nothing else is on the connection (no request queued behind it or
+    half parsed, no upgrade, no tunnel, not closing) and nothing is unwritten to the client. None otherwise."""
     relay, transport = conn.relay, conn.transport
     if (transport is None or transport.is_closing() or transport.get_write_buffer_size() or len(relay.queue) != 1
-            or relay.cur is not None or relay.pending or relay.tunnel is not None or relay.upgrading is not None
-            or relay.draining):
+            or relay.cur is not None or relay.tunnel is not None or relay.upgrading is not None or relay.draining):
         return None
     ex = relay.queue[0]
-    if (ex.phase is not PHASE_FORWARDING or not ex.sent or not ex.body_done or ex.head.upgrade is not None
-            or ex.route is None or ex.worker is None):
+    return ex if ex.body_done and ex.head.upgrade is None else None
+
+
+def awaiting(conn: ClientConn) -> Exchange | None:
+    """``conn``'s one request (``_alone``) when it can be carried as it is: sent whole to its worker, whose answer
+    has not begun (not a byte of it read), no body bytes held, nothing unwritten to the worker. None otherwise."""
+    ex = _alone(conn)
+    if (ex is None or conn.relay.pending or ex.phase is not PHASE_FORWARDING or not ex.sent or ex.route is None
+            or ex.worker is None):
         return None
     link: Any = ex.conn  # (an UpstreamConn: the front made it)
     if link is None or link.closed or link.relay.received:
@@ -113,15 +114,11 @@ def awaiting(conn: ClientConn) -> Exchange | None:
 
 
 def unsent(conn: ClientConn) -> Exchange | None:
-    """``conn``'s one request when it was read whole and not yet sent to a worker — in its group's queue (parked),
-    waiting for a worker that starts (parked), or for one of its worker's connections (forwarding, no connection) —,
-    with nothing else on the connection and nothing unwritten to the client. None otherwise."""
-    relay, transport = conn.relay, conn.transport
-    if (transport is None or transport.is_closing() or transport.get_write_buffer_size() or len(relay.queue) != 1
-            or relay.cur is not None or relay.tunnel is not None or relay.upgrading is not None or relay.draining):
-        return None
-    ex = relay.queue[0]
-    if not ex.body_done or ex.sent or ex.error is not None or ex.head.upgrade is not None:
+    """``conn``'s one request (``_alone``) when it was not yet sent to a worker — in its group's queue (parked),
+    waiting for a worker that starts (parked), or for one of its worker's connections (forwarding, no connection).
+    None otherwise."""
+    ex = _alone(conn)
+    if ex is None or ex.sent or ex.error is not None:
         return None
     phase = ex.phase
     if phase is PHASE_QUEUED or phase is PHASE_PARKED or (phase is PHASE_FORWARDING and ex.conn is None):
@@ -232,6 +229,12 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
         await asyncio.sleep(_POLL)
     settled.waited = clock() - began
     settled.paused = list(paused.values())
+    _collect(front, settled)
+    return settled
+
+
+def _collect(front: Front, settled: Settled) -> None:
+    """Duplicate every settled connection's descriptors into ``settled``; count the rest as cut or closed."""
     unsent_bytes = 0
     for conn in list(front.conns):
         transport = conn.transport
@@ -248,8 +251,8 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
             if client_fd is None or worker_fd is None:
                 settled.closed += 1
                 continue
-            settled.tunnels.append((_inheritable_dup(client_fd), _inheritable_dup(worker_fd),
-                                    carried.pool.worker_id, conn.tunnel_user))
+            settled.tunnels.append(SavedTunnel(_inheritable_dup(client_fd), _inheritable_dup(worker_fd),
+                                               carried.pool.worker_id, conn.tunnel_user))
         elif conn.idle and not transport.is_reading() and not transport.get_write_buffer_size():
             fd = _fd(transport)
             if fd is None:
@@ -288,9 +291,8 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
         client.pause_reading()
         upstream.pause_reading()
         settled.paused.extend((client, upstream))
-        settled.tunnels.append((_inheritable_dup(client_fd), _inheritable_dup(worker_fd), tunnel.worker,
-                                tunnel.user))
-    return settled
+        settled.tunnels.append(SavedTunnel(_inheritable_dup(client_fd), _inheritable_dup(worker_fd), tunnel.worker,
+                                           tunnel.user))
 
 
 def _any_in_flight(front: Front, exchanges: set[int]) -> bool:
@@ -310,13 +312,14 @@ def _inheritable_dup(fd: int) -> int:
     return copy
 
 
+
 def resume(front: Front, settled: Settled) -> None:
     """The exec failed: close the duplicates, resume every paused connection (``Front.start`` serves again)."""
     for fd in settled.connections:
         os.close(fd)
-    for client, upstream, _, _ in settled.tunnels:
-        os.close(client)
-        os.close(upstream)
+    for tunnel in settled.tunnels:
+        os.close(tunnel.client)
+        os.close(tunnel.upstream)
     for request in settled.requests:
         os.close(request.client)
         os.close(request.upstream)
@@ -325,160 +328,3 @@ def resume(front: Front, settled: Settled) -> None:
     for transport in settled.paused:
         if not transport.is_closing():
             transport.resume_reading()
-
-
-async def carry_in(front: Front, connections: list[int], tunnels: list[tuple[int, int, str, str | None]],
-                   requests: Sequence[SavedRequest] = (),
-                   upstream_of: Callable[[str], Upstream | None] = lambda worker: None,
-                   unsent_requests: Sequence[SavedUnsent] = ()) -> tuple[int, int, int]:
-    """The new image's side: serve the kept-alive connections, relay the tunnels, and take up the requests awaiting
-    their answer and those not yet sent that the previous image handed over (``upstream_of``: a running worker's
-    Upstream by its id, routable or not). (carried connections, carried tunnels, carried requests of both kinds); one
-    whose connection is gone is closed and not counted."""
-    loop = asyncio.get_running_loop()
-    kept = 0
-    for fd in connections:
-        sock = socket.socket(fileno=fd)
-        os.set_inheritable(fd, False)
-        try:
-            await loop.connect_accepted_socket(front.connection, sock)
-        except OSError as exc:
-            log.info("a client connection carried over the re-exec is gone: %s", exc)
-            sock.close()
-            continue
-        kept += 1
-    tunnels_kept = 0
-    for client_fd, worker_fd, worker, user in tunnels:
-        client, upstream = socket.socket(fileno=client_fd), socket.socket(fileno=worker_fd)
-        for sock in (client, upstream):
-            os.set_inheritable(sock.fileno(), False)
-            sock.setblocking(False)
-        tunnel = CarriedTunnel(worker, user, front.clock)
-        try:
-            await tunnel.open(client, upstream)
-        except OSError as exc:
-            log.info("a WebSocket tunnel carried over the re-exec is gone: %s", exc)
-            continue
-        front.carried.add(tunnel)
-        tunnel.on_close = front.carried.discard
-        tunnels_kept += 1
-    requests_kept = 0
-    for saved in requests:
-        try:
-            requests_kept += await _carry_request(front, saved, upstream_of)
-        except Exception:  # one request that cannot be taken up must not keep the others from theirs
-            log.exception("taking up %s %s, carried over the re-exec, failed", saved.method, saved.url)
-    for queued in unsent_requests:
-        try:
-            requests_kept += await _carry_unsent(front, queued)
-        except Exception:
-            log.exception("taking up a request not yet sent, carried over the re-exec, failed")
-    return kept, tunnels_kept, requests_kept
-
-
-async def _carry_unsent(front: Front, saved: SavedUnsent) -> bool:
-    """Read ``saved``'s request on a client connection of this image's front as if its client had sent it now, and
-    route it as any: the connection's own bytes (a next request) are read after it, in order."""
-    loop = asyncio.get_running_loop()
-    sock = socket.socket(fileno=saved.client)
-    os.set_inheritable(sock.fileno(), False)
-    sock.setblocking(False)
-    client = front.connection()
-    client.relay.receive(base64.b64decode(saved.data))  # parsed before the transport reads a byte of the socket
-    if len(client.relay.queue) != 1:
-        log.warning("a request carried over the re-exec did not read as one: its connection is closed")
-        sock.close()
-        return False
-    try:
-        await loop.connect_accepted_socket(lambda: client, sock)
-    except OSError as exc:
-        log.info("a request carried over the re-exec: its client is gone: %s", exc)
-        sock.close()
-        return False
-    if client.transport is None or client.transport.is_closing():
-        return False  # the client left as its connection was taken: nothing to send for it
-    # Dispatched through the protocol's own path (an empty read: the request queued is DISPATCHed, or, if the
-    # client's next bytes were read first, served in order), so that what follows an answer is what follows it.
-    client.data_received(b"")
-    return True
-
-
-async def _carry_request(front: Front, saved: SavedRequest, upstream_of: Callable[[str], Upstream | None]) -> bool:
-    """Make ``saved``'s exchange anew, in the phase it was in (forwarded, its answer not begun), on a client
-    connection and a worker connection of this image's front: the answer then goes through the front's own relay
-    (its head rewritten, the sticky cookie set, a login taken, the request settled and counted), and the client's
-    connection goes on as any kept-alive one."""
-    loop = asyncio.get_running_loop()
-    client_sock, worker_sock = socket.socket(fileno=saved.client), socket.socket(fileno=saved.upstream)
-    for sock in (client_sock, worker_sock):
-        os.set_inheritable(sock.fileno(), False)
-        sock.setblocking(False)
-    host = saved.host.encode("latin-1") if saved.host is not None else None
-    target = front.target(host)
-    if target is not None and (target.route.tenant, target.route.app) != (saved.tenant, saved.app):
-        target = None  # (a reload between the images gave its host to another app: not this request's route)
-    upstream = upstream_of(saved.worker)
-    if upstream is None and target is not None:  # a node (another host's elasticd) is not a worker of ours
-        upstream = next((u for u in front.workers_of(target.route.tenant, target.route.app, saved.group)
-                         if u.worker_id == saved.worker), None)
-    if target is None or upstream is None:
-        why = (f"its host no longer routes to {saved.tenant}/{saved.app}" if target is None
-               else f"its worker {saved.worker} is gone")
-        log.warning("%s %s, carried over the re-exec: %s; its connection is closed", saved.method, saved.url, why)
-        client_sock.close()
-        worker_sock.close()
-        return False
-    route = target.route
-    pool = front.pool_of(upstream, route, saved.group)
-    head = RequestHead()
-    head.host = host
-    head.keep_alive = saved.keep_alive
-    if saved.has_body:
-        head.length = b"1"  # (only whether it had one matters now: a request with a body is never sent twice)
-    ex = Exchange()
-    ex.method, ex.url, ex.http11, ex.head = (saved.method.encode("latin-1"), saved.url.encode("latin-1"),
-                                             saved.http11, head)
-    ex.body_done = ex.sent = True
-    ex.route, ex.stats, ex.group, ex.worker, ex.user = route, target.stats, saved.group, saved.worker, saved.user
-    ex.entry = front.surface.users.get(saved.user) if saved.user is not None else None
-    ex.cookie_line = saved.cookie_line.encode("latin-1")
-    ex.ts = saved.began
-    ex.counters = pool.counters
-    quota = target.quota
-    if quota is not None:  # in flight already: counted against its tenant's concurrency, whatever the limit
-        quota.gate.in_flight += 1
-        ex.quota = quota
-    # Every link is made before either transport exists: the answer may be in the worker socket's buffer already, and
-    # the client may have sent its next request; either is read as soon as its transport is.
-    client = front.connection()
-    client.relay.queue.append(ex)
-    link = UpstreamConn(pool)
-    ex.forward(front.forwards, link)
-    link.attach(ex, client, reused=False)  # (not reused: the request went whole; a close now is a 502, never resent)
-    try:
-        await loop.connect_accepted_socket(lambda: client, client_sock)
-    except OSError as exc:
-        log.info("%s %s, carried over the re-exec: its client is gone: %s", saved.method, saved.url, exc)
-        client_sock.close()
-        worker_sock.close()
-        link.relay.detach()
-        front.settle(ex, 499, EVENT_CLIENT_LEFT)
-        return False
-    try:
-        await loop.connect_accepted_socket(lambda: link, worker_sock)
-    except OSError as exc:
-        worker_sock.close()
-        link.connection_lost(exc)  # the worker's connection ended before the answer: 502, as the front says it
-        return False
-    except BaseException:
-        worker_sock.close()
-        ex.abandon(front.clock(), front.forwards)  # (its forward undone: no entry, in-flight count or quota held)
-        raise
-    if link.closed:
-        # The client left while the worker's side was being taken (its 499 is settled, and it closed this link
-        # before it had a transport): nobody waits for the answer.
-        if link.transport is not None:
-            link.transport.close()
-        return False
-    pool.opened(link)
-    return True

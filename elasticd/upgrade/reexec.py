@@ -41,6 +41,7 @@ import psutil
 
 from elasticd import __version__
 from elasticd.front import handover as front_handover
+from elasticd.front import takeover as front_takeover
 from elasticd.supervisor.adopted import AdoptedProcess, start_time
 from elasticd.supervisor.lifecycle import WorkerState
 from elasticd.supervisor.worker_process import Adopt
@@ -51,7 +52,6 @@ from elasticd.upgrade.state import (
     FORMAT,
     SavedHandover,
     SavedState,
-    SavedTunnel,
     SavedWorker,
     StateError,
     digest,
@@ -236,7 +236,7 @@ class ReExec:
             next_ids={"/".join(key): number for key, number in daemon.supervisor.next_numbers().items()},
             written_at=time.monotonic(), listeners=daemon.listeners.handover(),
             channel_inodes=daemon.channel.inodes(), connections=tuple(settled.connections),
-            tunnels=tuple(SavedTunnel(c, u, w, user) for c, u, w, user in settled.tunnels),
+            tunnels=tuple(settled.tunnels),
             requests=tuple(settled.requests), unsent=tuple(settled.unsent),
             handover=handover, cgroup_base=daemon.cgroups.base if daemon.cgroups.enforced else None)
 
@@ -328,9 +328,7 @@ class ReExec:
             return
         daemon = self._daemon
         now = time.monotonic()
-        connections, tunnels, requests = await front_handover.carry_in(
-            daemon.front, list(saved.connections), [(t.client, t.upstream, t.worker, t.user) for t in saved.tunnels],
-            saved.requests, daemon.upstreams.of, saved.unsent)
+        connections, tunnels, requests = await front_takeover.carry_in(daemon.front, saved, daemon.upstreams.of)
         unclaimed = daemon.listeners.close_unclaimed()
         report = self.report
         notes = tuple(f"the previous image's {name} socket is not configured now: closed" for name in unclaimed)
