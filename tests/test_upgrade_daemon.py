@@ -361,6 +361,36 @@ def test_a_request_to_a_worker_of_a_changed_group_is_carried_and_its_worker_reti
         time.sleep(0.1)
 
 
+def test_a_hand_over_the_kernel_refuses_descriptors_for_is_undone_and_the_old_image_serves_on(daemons, tmp_path):
+    """Clients hold many idle connections and elasticd has no descriptor left to duplicate them for the next image
+    (its open-files limit lowered to just above what it has open): the hand-over fails before the exec, and is undone
+    — every connection resumed, the front accepting again, every worker kept — and the report says why."""
+    d = daemons(GROUP.format(root=tmp_path, more=""), extra_server=FAST)
+    d.start()
+    d.wait_workers("acme", "shop", "green", lambda ws: sum(w["state"] == "running" for w in ws) == 2)
+    before = _pids(d)
+    clients = [http.client.HTTPConnection(d.host, d.port, timeout=30) for _ in range(40)]
+    for conn in clients:  # each kept alive after one answer: idle, to be duplicated for the next image
+        conn.request("GET", "/", headers={"Host": "shop.localhost"})
+        assert conn.getresponse().read()
+    daemon = psutil.Process(d.process.pid)
+    room = daemon.num_fds() + 20  # (the preflight's pipes fit; forty duplicates do not)
+    soft, hard = daemon.rlimit(psutil.RLIMIT_NOFILE)
+    daemon.rlimit(psutil.RLIMIT_NOFILE, (room, hard))
+    result = d.ctl("upgrade", "--json")
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    code, state = _get_state(d)
+    assert code == 200 and state["report"]["outcome"] == "failed", (state, result.stderr)
+    assert "the hand-over failed" in state["report"]["error"] and "Too many open files" in state["report"]["error"]
+    daemon.rlimit(psutil.RLIMIT_NOFILE, (soft, hard))
+    for conn in clients:  # resumed: each goes on serving on its connection
+        conn.request("GET", "/", headers={"Host": "shop.localhost"})
+        assert conn.getresponse().status == 200
+        conn.close()
+    assert d.get("shop.localhost", "/")[0] == 200  # accepting again
+    assert _pids(d) == before and daemon.is_running()
+
+
 def test_a_refused_preflight_stops_nothing(daemons, tmp_path):
     d = daemons(GROUP.format(root=tmp_path, more=""), extra_server=FAST)
     d.start()

@@ -229,7 +229,11 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
         await asyncio.sleep(_POLL)
     settled.waited = clock() - began
     settled.paused = list(paused.values())
-    _collect(front, settled)
+    try:
+        _collect(front, settled)
+    except BaseException:  # (a descriptor the kernel would not give: undo what was done, and say why above)
+        resume(front, settled)
+        raise
     return settled
 
 
@@ -251,7 +255,7 @@ def _collect(front: Front, settled: Settled) -> None:
             if client_fd is None or worker_fd is None:
                 settled.closed += 1
                 continue
-            settled.tunnels.append(SavedTunnel(_inheritable_dup(client_fd), _inheritable_dup(worker_fd),
+            settled.tunnels.append(SavedTunnel(*_inheritable_pair(client_fd, worker_fd),
                                                carried.pool.worker_id, conn.tunnel_user))
         elif conn.idle and not transport.is_reading() and not transport.get_write_buffer_size():
             fd = _fd(transport)
@@ -265,7 +269,7 @@ def _collect(front: Front, settled: Settled) -> None:
             if client_fd is None or worker_fd is None:
                 settled.cut += 1
             else:
-                settled.requests.append(_saved(ex, _inheritable_dup(client_fd), _inheritable_dup(worker_fd)))
+                settled.requests.append(_saved(ex, *_inheritable_pair(client_fd, worker_fd)))
         elif (ex := unsent(conn)) is not None and not transport.is_reading():
             # (no await from here to the exec: this image sends it nowhere meanwhile, so it is sent once, by the next)
             client_fd = _fd(transport)
@@ -291,7 +295,7 @@ def _collect(front: Front, settled: Settled) -> None:
         client.pause_reading()
         upstream.pause_reading()
         settled.paused.extend((client, upstream))
-        settled.tunnels.append(SavedTunnel(_inheritable_dup(client_fd), _inheritable_dup(worker_fd), tunnel.worker,
+        settled.tunnels.append(SavedTunnel(*_inheritable_pair(client_fd, worker_fd), tunnel.worker,
                                            tunnel.user))
 
 
@@ -311,6 +315,15 @@ def _inheritable_dup(fd: int) -> int:
     os.set_inheritable(copy, True)
     return copy
 
+
+def _inheritable_pair(client_fd: int, worker_fd: int) -> tuple[int, int]:
+    """Both ends' duplicates, or neither (the first closed when the second cannot be had)."""
+    client = _inheritable_dup(client_fd)
+    try:
+        return client, _inheritable_dup(worker_fd)
+    except BaseException:
+        os.close(client)
+        raise
 
 
 def resume(front: Front, settled: Settled) -> None:

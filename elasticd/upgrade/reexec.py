@@ -179,38 +179,48 @@ class ReExec:
             log.info("upgrade: handing over to %s", " ".join(argv))
             daemon.mover.abort_all("elasticd is upgrading in place")
             daemon.pool.stop()
-            settled = await front_handover.settle(daemon.front, daemon.config.server.stop_timeout, time.monotonic)
-            state = self._state(settled, began, settled.stopped_accepting)
-            memfd = os.memfd_create("elasticd-state", 0)
-            document = memoryview(dump(state))
-            while document:  # (one write() may take less than all of it)
-                document = document[os.write(memfd, document):]
-            os.set_inheritable(memfd, True)
-            env = dict(os.environ)
-            env[STATE_ENV] = str(memfd)
-            outputs = [w.output for w in state.workers if w.output is not None]
-            for fd in outputs:
-                os.set_inheritable(fd, True)
-            log.info("upgrade: %d workers, %d users, %d connections, %d tunnels, %d requests awaiting their answer and "
-                     "%d not yet sent handed over; exec", len(state.workers), len(state.users),
-                     len(settled.connections), len(settled.tunnels), len(settled.requests), len(settled.unsent))
-            for handler in logging.getLogger().handlers:
-                with contextlib.suppress(Exception):
-                    handler.flush()
-            # Signals blocked here would stay blocked in the new image (a mask survives exec): none are.
-            signal.pthread_sigmask(signal.SIG_SETMASK, set())
+            # Anything that fails from here to the exec (a descriptor the kernel will not give — clients can hold
+            # many connections —, the state's memfd, the exec itself) is undone the same way: this image serves on.
+            settled: front_handover.Settled | None = None
+            memfd: int | None = None
+            outputs: list[int] = []
+            step = "the hand-over"
             try:
+                settled = await front_handover.settle(daemon.front, daemon.config.server.stop_timeout,
+                                                      time.monotonic)
+                state = self._state(settled, began, settled.stopped_accepting)
+                memfd = os.memfd_create("elasticd-state", 0)
+                document = memoryview(dump(state))
+                while document:  # (one write() may take less than all of it)
+                    document = document[os.write(memfd, document):]
+                os.set_inheritable(memfd, True)
+                env = dict(os.environ)
+                env[STATE_ENV] = str(memfd)
+                outputs = [w.output for w in state.workers if w.output is not None]
+                for fd in outputs:
+                    os.set_inheritable(fd, True)
+                log.info("upgrade: %d workers, %d users, %d connections, %d tunnels, %d requests awaiting their "
+                         "answer and %d not yet sent handed over; exec", len(state.workers), len(state.users),
+                         len(settled.connections), len(settled.tunnels), len(settled.requests), len(settled.unsent))
+                for handler in logging.getLogger().handlers:
+                    with contextlib.suppress(Exception):
+                        handler.flush()
+                # Signals blocked here would stay blocked in the new image (a mask survives exec): none are.
+                signal.pthread_sigmask(signal.SIG_SETMASK, set())
+                step = f"exec {argv[0]}"
                 os.execve(argv[0], argv, env)
-            except OSError as exc:
-                error = f"exec {argv[0]} failed: {exc}"
-            # Only a failed exec comes back here: undo, and serve on.
+            except Exception as exc:
+                error = f"{step} failed: {exc}"
+            # Only a failure comes back here: undo, and serve on.
             log.error("upgrade failed, elasticd serves on: %s", error)
-            os.close(memfd)
+            if memfd is not None:
+                os.close(memfd)
             for fd in outputs:
                 with contextlib.suppress(OSError):
                     os.set_inheritable(fd, False)
             daemon.listeners.handover_failed()
-            front_handover.resume(daemon.front, settled)
+            if settled is not None:  # (a settle that failed undid itself)
+                front_handover.resume(daemon.front, settled)
             await daemon.front.start(daemon.listeners.dups("front"))
             daemon.notifier.ready(daemon.supervisor.summary())
             self.report = UpgradeReport(FAILED, self.generation, os.getpid(), __version__, "", error=error)
