@@ -469,9 +469,7 @@ class Front:
         ex.stats = target.stats
         ex.ts = now
         ex.worker = upstream.worker_id
-        pool = self._pools.get(upstream.worker_id)
-        if pool is None or pool.path != upstream.socket_path:
-            pool = self.new_pool(upstream, target.route, ex.group)
+        pool = self.pool_of(upstream, target.route, ex.group)
         ex.counters = pool.counters
         idle = pool.idle  # pool.take(), its common case inlined: the most recently used, still open
         conn = idle.pop() if idle else None
@@ -501,6 +499,7 @@ class Front:
         return pool
 
     def pool_of(self, upstream: Upstream, route: AppRoute, group: str) -> ConnectionPool:
+        """The pool to ``upstream``: its worker's, unless that one is to an older socket (a restart), then anew."""
         pool = self._pools.get(upstream.worker_id)
         if pool is None or pool.path != upstream.socket_path:
             pool = self.new_pool(upstream, route, group)
