@@ -160,7 +160,8 @@ class Daemon:
         # Capacity probes (seed 001): readings narrow the front's admission and feed the pool's occupancy.
         self.capacity = CapacityWiring(self.front, self.pool, self.supervisor)
         self.front.place = self.capacity.place
-        self.sampler = Sampler()
+        self.sampler = Sampler(interval=config.server.sample_interval)
+        self.sampler.set_busy(self.supervisor.apps_alive)  # an app with a worker is read every tick, populated or not
         self.control = DaemonControl(
             DaemonParts(self.supervisor, self.front, self.pool, self.capacity, self.channel, self.cgroups, self.limits,
                         self.sampler),

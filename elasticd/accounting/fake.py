@@ -33,6 +33,9 @@ class FakeCgroup:
     io: Mapping[str, tuple[int, int, int, int]] = field(default_factory=dict)
     # resource → (some_avg10, some_total, full_avg10, full_total)
     pressure: Mapping[str, tuple[float, int, float, int]] = field(default_factory=dict)
+    # cgroup.events: None writes none (the sampler then reads the cgroup every tick, as where the kernel does not
+    # say); True/False as the kernel's "populated 1"/"populated 0"
+    populated: bool | None = None
 
     def files(self) -> dict[str, str]:
         cpu = (f"usage_usec {self.usage_usec}\nuser_usec {self.user_usec}\nsystem_usec {self.system_usec}\n"
@@ -51,6 +54,8 @@ class FakeCgroup:
             "io.stat": "".join(f"{dev} rbytes={rb} wbytes={wb} rios={ri} wios={wi} dbytes=0 dios=0\n"
                                for dev, (rb, wb, ri, wi) in self.io.items()),
         }
+        if self.populated is not None:
+            files["cgroup.events"] = f"populated {int(self.populated)}\nfrozen 0\n"
         for resource in ("cpu", "memory", "io"):
             some_avg, some_total, full_avg, full_total = self.pressure.get(resource, (0.0, 0, 0.0, 0))
             files[f"{resource}.pressure"] = (

@@ -16,6 +16,12 @@ What persistent descriptors bring, and how it is handled:
   every 8 ticks, so a host without a controller does not pay a failed open per file per tick;
   ``reset_retries`` (after each activation: a reload may enable controllers) retries at once.
 - Any other read error (EBADF, EOPNOTSUPP...) closes that one descriptor and retries like an absent file.
+
+The sampler keeps files open only for active cgroups, within its share of the open-file limit; every other read
+is ``read_transient`` (open, read, close). And no open here keeps a descriptor numbered at or above the ceiling
+(``set_descriptor_ceiling``: the limit less a reserve): the kernel hands out the lowest free number, so an open
+that lands there means fewer than the reserve are free, and it is closed at once and counted as a miss
+(``descriptors_refused``). The admin socket and the front keep the reserve to accept with.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from elasticd.cgroup.discovery import cgroup2_mounts
 
 from .sample import FILES
 
-__all__ = ["CgroupFiles", "cgroup2_devices"]
+__all__ = ["CgroupFiles", "cgroup2_devices", "read_populated", "read_transient", "set_descriptor_ceiling"]
 
 log = logging.getLogger("elasticd.accounting")
 
@@ -49,6 +55,71 @@ _open = os.open
 _fstat = os.fstat
 
 _emfile_logged = False
+
+# No descriptor numbered at or above this is kept (set_descriptor_ceiling); opens refused for it, counted.
+_ceiling = 1 << 30
+descriptors_refused = 0
+
+
+def set_descriptor_ceiling(ceiling: int) -> None:
+    global _ceiling
+    _ceiling = ceiling
+
+
+def _open_below_ceiling(path: str | Path, flags: int, dir_fd: int | None = None) -> int:
+    """os.open, refused (EMFILE) when the descriptor it got is within the reserve."""
+    global descriptors_refused
+    fd = _open(path, flags, dir_fd=dir_fd)
+    if fd >= _ceiling:
+        _close(fd)
+        descriptors_refused += 1
+        raise OSError(errno.EMFILE, "descriptors are low: the last ones are kept for the admin socket and the front")
+    return fd
+
+
+def read_populated(path: Path) -> bool | None:
+    """Whether the cgroup at ``path`` has a process in it or below it (``cgroup.events``), None where the file
+    cannot be read (a fake tree has none; a removed cgroup)."""
+    try:
+        fd = _open_below_ceiling(os.path.join(path, "cgroup.events"), _FLAGS)
+    except OSError:
+        return None
+    try:
+        data = _pread(fd, 256, 0)
+    except OSError:
+        return None
+    finally:
+        _close(fd)
+    if b"populated 1" in data:
+        return True
+    return False if b"populated 0" in data else None
+
+
+def read_transient(path: Path, names: Sequence[str] = FILES) -> list[bytes | None]:
+    """Every file's content with descriptors opened and closed here (None where missing or refused)."""
+    try:
+        directory = _open_below_ceiling(path, _DIR_FLAGS)
+    except OSError as exc:
+        _note_open_error(exc, path)
+        return [None] * len(names)
+    contents: list[bytes | None] = []
+    try:
+        for name in names:
+            try:
+                fd = _open_below_ceiling(name, _FLAGS, dir_fd=directory)
+            except OSError as exc:
+                _note_open_error(exc, path / name)
+                contents.append(None)
+                continue
+            try:
+                contents.append(_pread(fd, _READ_SIZE, 0))
+            except OSError:
+                contents.append(None)
+            finally:
+                _close(fd)
+    finally:
+        _close(directory)
+    return contents
 
 
 @functools.cache
@@ -96,13 +167,17 @@ class CgroupFiles:
             _close(self._dir)
             self._dir = None
 
+    @property
+    def open_count(self) -> int:
+        return sum(fd is not None for fd in self._fds) + (self._dir is not None)
+
     def reset_retries(self) -> None:
         self._misses = [0] * len(self.names)
         self._retry_at = [0] * len(self.names)
 
     def _open_dir(self) -> bool:
         try:
-            self._dir = directory = _open(self.path, _DIR_FLAGS)
+            self._dir = directory = _open_below_ceiling(self.path, _DIR_FLAGS)
         except OSError as exc:
             _note_open_error(exc, self.path)
             return False
@@ -125,7 +200,7 @@ class CgroupFiles:
 
     def _open(self, i: int, tick: int) -> int | None:
         try:
-            fd = _open(self.names[i], _FLAGS, dir_fd=self._dir)
+            fd = _open_below_ceiling(self.names[i], _FLAGS, dir_fd=self._dir)
         except OSError as exc:
             _note_open_error(exc, self.path / self.names[i])
             misses = self._misses[i] = self._misses[i] + 1

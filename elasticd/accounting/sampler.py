@@ -1,10 +1,19 @@
-"""The cgroup sampler: every tick, one pass over every tenant and app cgroup, into ``latest``.
+"""The cgroup sampler: every tick, one pass over the tenant and app cgroups it is due to read, into ``latest``.
 
 The daemon calls ``set_targets`` after each activation and runs ``run(interval)`` as a task. A pass is
-synchronous and cheap (persistent descriptors, see files.py): no threads, no per-scrape reads; /metrics
-serves ``latest``, a dict replaced whole at the end of each pass, so a reader never sees half a pass.
-The last ``keep`` samples of each cgroup are kept too (``history``): the pool's cgroup budget reads rates
-and event counts over them without a read of its own.
+synchronous and cheap: no threads, no per-scrape reads; /metrics serves ``latest``, a dict replaced whole at the
+end of each pass, so a reader never sees half a pass. The last ``keep`` samples of each cgroup are kept too
+(``history``): the pool's cgroup budget reads rates and event counts over them without a read of its own.
+
+Which cgroups a pass reads is cadence.py's rule: active ones every tick, idle ones (the kernel says no process
+is in them, and elasticd holds no worker there) seldom; an idle cgroup's last sample stays in ``latest``. Each
+tenant's ``cgroup.events`` is read every tick to tell (its apps' only while it is populated).
+
+Descriptors are bounded whatever the number of cgroups: an active cgroup keeps its files open (a pread costs
+1.3-2.3 µs where open, read and close cost 7-9 µs: files.py) while the sampler's share of the open-file limit
+(``FD_SHARE``) allows; any other read opens and closes. And no open of the sampler's ever takes one of the last
+``FD_RESERVE`` descriptors (files.py refuses it): the admin socket and the front accept even when the host has
+more cgroups than descriptors.
 """
 
 from __future__ import annotations
@@ -15,21 +24,23 @@ import os
 import resource
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
-from .files import CgroupFiles
+from . import files as files_module
+from .cadence import Cadence, Key
+from .files import CgroupFiles, read_populated
 from .sample import FILES, Sample, SampleBuilder
 
-__all__ = ["CgroupFiles", "Key", "Sample", "Sampler", "ensure_fd_budget", "read_once", "stacked_devices"]
+__all__ = ["CgroupFiles", "Key", "Sample", "Sampler", "raise_fd_limit", "read_once", "stacked_devices"]
 
 log = logging.getLogger("elasticd.accounting")
 
-# ("tenant", tenant) or ("app", tenant, app)
-Key = tuple[str, ...]
-
-# Descriptors kept free for everything else elasticd does (sockets, pipes, worker spawns).
-_FD_SPARE = 1024
+# The sampler's share of the open-file limit for descriptors it keeps open (1/16: 4,096 of the shipped unit's
+# 65,536, room for 372 active cgroups), and the descriptors no open of its ever takes.
+FD_SHARE = 16
+FD_RESERVE = 256
+_PER_CGROUP = len(FILES) + 1  # its files and the directory
 
 
 def stacked_devices(sys_root: str = "/sys") -> frozenset[str]:
@@ -58,111 +69,180 @@ def stacked_devices(sys_root: str = "/sys") -> frozenset[str]:
     return frozenset(found)
 
 
-def ensure_fd_budget(needed: int) -> bool:
-    """Raise the soft RLIMIT_NOFILE (systemd's default soft limit is 1024) toward the hard one so ``needed``
-    descriptors plus a spare fit. False (and a warning) when the hard limit is too low."""
+def raise_fd_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard one (systemd's default soft limit is 1024; the unit's
+    LimitNOFILE= sets both) and tell files.py where its reserve begins. Returns the soft limit in force."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = needed + _FD_SPARE
-    if soft != resource.RLIM_INFINITY and soft < want:
-        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != hard:
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
-            soft = new
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
         except (OSError, ValueError) as exc:
-            log.warning("cannot raise the open-file limit to %d: %s", new, exc)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        log.warning("the sampler needs %d descriptors but the open-file limit is %d: some cgroup values "
-                    "will be missing (raise LimitNOFILE= of elasticd.service)", needed, soft)
-        return False
-    return True
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, hard, exc)
+    limit = soft if soft != resource.RLIM_INFINITY else 1 << 20
+    files_module.set_descriptor_ceiling(limit - FD_RESERVE)
+    return limit
 
 
 class Sampler:
-    __slots__ = ("_files", "_history", "_latest", "_pass", "_skip", "_tick", "keep", "last_duration", "last_ts",
-                 "sys_root")
+    __slots__ = (
+        "_builders",
+        "_busy",
+        "_cadence",
+        "_files",
+        "_history",
+        "_latest",
+        "_layout",
+        "_paths",
+        "_skip",
+        "_tick",
+        "fd_budget",
+        "keep",
+        "last_duration",
+        "last_reads",
+        "last_ts",
+        "sys_root",
+    )
 
-    def __init__(self, sys_root: str = "/sys", keep: int = 2) -> None:
+    def __init__(self, sys_root: str = "/sys", keep: int = 2, interval: float = 5.0) -> None:
         self.sys_root = sys_root
         self.keep = max(keep, 1)
+        self._cadence = Cadence(interval)
+        self._busy: Callable[[], Collection[tuple[str, str]]] = frozenset
         self._history: dict[Key, deque[Sample]] = {}
-        self._files: dict[Key, CgroupFiles] = {}
-        self._pass: list[tuple[Key, CgroupFiles, SampleBuilder]] = []  # what a tick walks, flat
+        self._paths: dict[Key, Path] = {}
+        self._files: dict[Key, CgroupFiles] = {}  # kept open: active cgroups, within fd_budget
+        self._builders: dict[Key, SampleBuilder] = {}
+        # What a tick walks: each tenant (its key, or None when not a target) with its apps' keys.
+        self._layout: list[tuple[str, Key | None, list[Key]]] = []
         self._latest: dict[Key, Sample] = {}
         self._skip: frozenset[str] = frozenset()
         self._tick = 0
+        self.fd_budget = 0  # descriptors the sampler may keep open (set_targets)
         self.last_duration: float | None = None  # seconds of the last pass (wall clock)
+        self.last_reads = 0  # cgroups read in full by the last pass
         self.last_ts: float | None = None
 
     @property
     def latest(self) -> Mapping[Key, Sample]:
-        """The last pass's samples; a cgroup absent in that pass has a Sample with every value None."""
+        """The newest sample of every target; a cgroup missing when it was read has a Sample with every value
+        None. An idle cgroup's is from its last read (cadence.py: its counters cannot move meanwhile)."""
         return self._latest
 
     def history(self, key: Key) -> Sequence[Sample]:
-        """The last ``keep`` samples of one cgroup, oldest first (empty when it is not sampled)."""
+        """The last ``keep`` samples of one cgroup as read, oldest first (empty when it is not sampled)."""
         return self._history.get(key, ())
 
     def set_keep(self, keep: int) -> None:
         self.keep = max(keep, 1)
         self._history = {key: deque(samples, maxlen=self.keep) for key, samples in self._history.items()}
 
+    def set_interval(self, interval: float) -> None:
+        self._cadence.set_interval(interval)
+
+    def set_busy(self, busy: Callable[[], Collection[tuple[str, str]]]) -> None:
+        """``busy()``: the (tenant, app) pairs where elasticd holds a live worker, asked once per pass."""
+        self._busy = busy
+
     @property
     def targets(self) -> Mapping[Key, Path]:
-        return {key: files.path for key, files in self._files.items()}
+        return dict(self._paths)
+
+    @property
+    def open_descriptors(self) -> int:
+        return sum(files.open_count for files in self._files.values())
 
     def set_targets(self, targets: Mapping[Key, Path]) -> None:
         """The cgroups to sample, after each activation. Descriptors of kept cgroups stay open (their missing
         files are retried at once: a reload may have enabled a controller); removed ones are closed."""
-        old = self._files
-        new: dict[Key, CgroupFiles] = {}
-        for key, path in targets.items():
-            path = Path(path)
-            files = old.get(key)
-            if files is not None and files.path == path:
+        new = {key: Path(path) for key, path in targets.items()}
+        for key, files in list(self._files.items()):
+            if new.get(key) == files.path:
                 files.reset_retries()
             else:
-                if files is not None:
-                    files.close()
-                files = CgroupFiles(path)
-            new[key] = files
-        for key, files in old.items():
-            if key not in new:
                 files.close()
-        self._files = new
+                del self._files[key]
+        self._paths = new
         self._latest = {key: sample for key, sample in self._latest.items() if key in new}
         # A cgroup re-made at the same key keeps its history: its counters restart and the budget reads a
         # decrease as a reset (no rate), which is the truth for one interval.
         self._history = {key: samples for key, samples in self._history.items() if key in new}
+        self._cadence.forget(new)
         self._skip = stacked_devices(self.sys_root)
         # Fresh builders: the stacked devices may have changed, and a new target has nothing to compare to.
-        self._pass = [(key, files, SampleBuilder(self._skip)) for key, files in new.items()]
-        ensure_fd_budget(len(new) * (len(FILES) + 1))
+        self._builders = {key: SampleBuilder(self._skip) for key in new}
+        apps: dict[str, list[Key]] = {}
+        tenants: dict[str, Key] = {}
+        for key in new:
+            if key[0] == "tenant":
+                tenants[key[1]] = key
+            else:
+                apps.setdefault(key[1], []).append(key)
+        self._layout = [(name, tenants.get(name), apps.get(name, [])) for name in sorted({*tenants, *apps})]
+        self.fd_budget = raise_fd_limit() // FD_SHARE
 
     def sample_once(self, now: float) -> None:
-        """One pass over every target; ``now`` (monotonic seconds) is recorded as the samples' ts."""
+        """One pass over the targets due; ``now`` (monotonic seconds) is recorded as the samples' ts."""
         started = time.perf_counter()
-        self._tick += 1
-        tick = self._tick
-        latest = self._latest = {key: builder.build(now, files.read(tick)) for key, files, builder in self._pass}
-        history, keep = self._history, self.keep
-        for key, sample in latest.items():
-            kept = history.get(key)
-            if kept is None:
-                kept = history[key] = deque(maxlen=keep)
-            kept.append(sample)
+        self._tick = tick = self._tick + 1
+        busy_apps = self._busy()
+        busy_tenants = {tenant for tenant, _app in busy_apps}
+        paths, due, read = self._paths, self._cadence.due, self._read
+        latest = dict(self._latest)
+        reads = 0
+        for tenant, tenant_key, app_keys in self._layout:
+            # populated: True/False as the kernel says, None where it does not (no cgroup.events: a fake tree)
+            populated = read_populated(paths[tenant_key]) if tenant_key is not None else None
+            for key in app_keys:
+                # An unpopulated tenant has no process below it: its apps' own events need no read.
+                app_populated = False if populated is False else read_populated(paths[key])
+                active = app_populated is not False or (tenant, key[2]) in busy_apps
+                if due(key, active, tick):
+                    latest[key] = read(key, active, now, tick)
+                    reads += 1
+            if tenant_key is not None:
+                active = populated is not False or tenant in busy_tenants
+                if due(tenant_key, active, tick):
+                    latest[tenant_key] = read(tenant_key, active, now, tick)
+                    reads += 1
+        self._latest = latest
+        self.last_reads = reads
         self.last_ts = now
         self.last_duration = time.perf_counter() - started
 
+    def _read(self, key: Key, active: bool, now: float, tick: int) -> Sample:
+        files = self._files.get(key)
+        if files is None and active and len(self._files) < self.fd_budget // _PER_CGROUP:
+            files = self._files[key] = CgroupFiles(self._paths[key])
+        if files is not None:
+            raw = files.read(tick)
+            if not active:  # gone idle: its descriptors go back to the budget
+                files.close()
+                del self._files[key]
+        else:
+            raw = files_module.read_transient(self._paths[key])
+        sample = self._builders[key].build(now, raw)
+        kept = self._history.get(key)
+        if kept is None:
+            kept = self._history[key] = deque(maxlen=self.keep)
+        kept.append(sample)
+        return sample
+
     def read_now(self, paths: Mapping[Key, Path], now: float) -> dict[Key, Sample]:
         """Read ``paths`` now, outside the ticks (the usage API's two-point reads); ``latest`` is unchanged.
-        A path the sampler already watches reuses its descriptors, others are opened and closed here."""
+        A path the sampler keeps open is read through its descriptors; an idle one gives its last sample (its
+        counters cannot have moved: that is what idle means), so a host of idle apps costs a usage call nothing;
+        others are opened and closed here."""
         result: dict[Key, Sample] = {}
         for key, path in paths.items():
             path = Path(path)
             files = self._files.get(key)
+            last = self._latest.get(key)
             if files is not None and files.path == path:
                 # A builder of its own: the tick's builders compare with the tick's previous bytes.
                 result[key] = SampleBuilder(self._skip).build(now, files.read(self._tick))
+            elif last is not None and self._cadence.idle(key) and self._paths.get(key) == path:
+                result[key] = _at(last, now)
             else:
                 result[key] = read_once(path, now, self._skip)
         return result
@@ -170,6 +250,7 @@ class Sampler:
     async def run(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
         """Sample every ``interval`` seconds until cancelled, at a fixed rate (a slow pass delays the next
         one, missed ticks are skipped rather than bunched)."""
+        self._cadence.set_interval(interval)
         next_at = clock()
         while True:
             now = clock()
@@ -187,15 +268,20 @@ class Sampler:
         for files in self._files.values():
             files.close()
         self._files = {}
-        self._pass = []
+        self._layout = []
+        self._paths = {}
         self._latest = {}
         self._history = {}
 
 
+def _at(sample: Sample, ts: float) -> Sample:
+    copy = Sample(ts)
+    for name in Sample.__slots__:
+        if name != "ts":
+            setattr(copy, name, getattr(sample, name))
+    return copy
+
+
 def read_once(path: Path, now: float, skip_devices: frozenset[str] = frozenset()) -> Sample:
     """One Sample of the cgroup at ``path`` with transient descriptors."""
-    files = CgroupFiles(Path(path))
-    try:
-        return SampleBuilder(skip_devices).build(now, files.read(0))
-    finally:
-        files.close()
+    return SampleBuilder(skip_devices).build(now, files_module.read_transient(Path(path)))

@@ -138,6 +138,10 @@ class Supervisor:
         """Whether any worker of this app is alive (its leaf must not be killed or removed meanwhile)."""
         return any((w.tenant, w.app) == (tenant, app) for w in self._alive.values())
 
+    def apps_alive(self) -> set[tuple[str, str]]:
+        """The (tenant, app) pairs with a worker alive (the sampler asks once a tick)."""
+        return {(w.tenant, w.app) for w in self._alive.values()}
+
     def status(self) -> dict[GroupKey, list[dict[str, object]]]:
         return {key: [w.describe() for w in entry.workers] for key, entry in self._groups.items()}
 
