@@ -36,6 +36,14 @@ def test_isolation_warnings(users, expected):
     assert isolation_warnings(parse_config(_tenants(*users))) == expected
 
 
+def test_a_condition_many_tenants_meet_is_one_line_with_a_count_and_a_few_names():
+    warnings = isolation_warnings(parse_config(_tenants(*[None] * 1000)))
+    assert warnings == ["1000 tenants run as root: t0, t1, t2, t3, t4 and 995 more: their workers can undo their own "
+                        "limits (give each a user:)"]
+    warnings = isolation_warnings(parse_config(_tenants(None, None)))
+    assert warnings == ["2 tenants run as root: t0, t1: their workers can undo their own limits (give each a user:)"]
+
+
 def test_server_keys_a_reload_cannot_take_over_are_named_once():
     old = parse_config("server: {listen: 127.0.0.1:8080, request_timeout: 60s}")
     new = parse_config("server: {listen: 127.0.0.1:8081, request_timeout: 30s, sample_interval: 2s}")
