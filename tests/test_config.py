@@ -527,7 +527,10 @@ def test_move_timeout_defaults_to_10s_and_must_be_positive():
 def test_the_fast_loader_and_the_one_with_lines_give_the_same_config(tmp_path):
     """A valid file is read by the safe (C) loader; a file with a problem again by the round-trip one, for its
     lines. Both must build the same model from the same text."""
-    from elasticd.config.load import _parse_with_lines
+    from elasticd.config.load import _assemble
+
+    def _parse_with_lines(text: str, source: str):
+        return _assemble(text, source, None, lines=True)
 
     example = Path(__file__).resolve().parent.parent / "etc" / "elastic.yaml.example"
     root = tmp_path / "root"

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import grp
 import io
+import os
 import pwd
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from ruamel.yaml.error import MarkedYAMLError
 
 from elasticd.config.capacity import capacity_block, nodes_list, registry_section
 from elasticd.config.checks import check_document
+from elasticd.config.include import ParsedFiles, Stamp, expand, glob_covers, read_included
 from elasticd.config.isolation import isolation_section
 from elasticd.config.model import (
     App,
@@ -70,7 +72,8 @@ _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 _SERVER_KEYS = ("listen", "metrics_listen", "admin_socket", "admin_group", "runtime_dir", "cgroups",
                 "sample_interval", "occupancy_interval", "request_timeout", "stop_timeout", "user_ttl",
-                "hung_after", "move_timeout", "monitor", "registry", "agent_listen", "stop_drain", "tmp_dir")
+                "hung_after", "move_timeout", "monitor", "registry", "agent_listen", "stop_drain", "tmp_dir",
+                "tenant_config_dir")
 _TENANT_KEYS = ("user", "group", "resources", "quotas", "apps", "isolation")
 _RESOURCE_KEYS = ("cpu", "memory", "swap", "pids", "io_weight", "io_bandwidth")
 _QUOTA_KEYS = ("max_concurrent_requests", "requests_per_second", "burst")
@@ -105,6 +108,7 @@ def _server(walk: Walk, node: Any, line: int | None) -> Server:
         agent_listen=walk.value(m, "agent_listen", "server", address, None),
         stop_drain=walk.value(m, "stop_drain", "server", duration_or_zero, 0.0),
         tmp_dir=walk.value(m, "tmp_dir", "server", absolute_path, d.tmp_dir),
+        tenant_config_dir=walk.value(m, "tenant_config_dir", "server", absolute_path, None),
         listen=walk.value(m, "listen", "server", address, d.listen),
         metrics_listen=walk.value(m, "metrics_listen", "server", address, d.metrics_listen),
         admin_socket=walk.value(m, "admin_socket", "server", absolute_path, d.admin_socket),
@@ -441,61 +445,202 @@ def _lookup(raw: Any, by_id: Callable[[int], Any], by_name: Callable[[str], Any]
 
 # --------------------------------------------------------------------------------------------- entry points
 
+_TOP_KEYS = ("server", "tenants", "include")
+_INCLUDED_TOP_KEYS = ("tenants",)
 
-def parse_config(text: str, source: str = "<string>") -> Config:
-    """Validate YAML text into a Config, or raise ConfigError listing every problem found.
+
+def parse_config(text: str, source: str = "<string>", cache: ParsedFiles | None = None) -> Config:
+    """Validate YAML text (the main file's) into a Config, or raise ConfigError listing every problem found, in it
+    and in the files it includes.
 
     Two loaders, one walk: the safe loader (libyaml's C scanner, ruamel.yaml.clib, where installed) reads a
     file that is valid in a tenth of the time the round-trip loader takes — a thousand apps is a second of pure
-    Python scanning otherwise, paid at every reload. It knows no line numbers, so a file with any problem is
-    read again by the round-trip loader and walked again, and every error names its line. Both give the walk
-    the same plain mappings, lists and scalars."""
+    Python scanning otherwise, paid at every reload. It knows no line numbers, so a configuration with any problem
+    is read again by the round-trip loader and walked again, and every error names its file and line. Both give
+    the walk the same plain mappings, lists and scalars.
+
+    ``cache``: the included files parsed last time (include.py); an unchanged file's tenants are taken as built
+    then, so a reload of 2,000 tenant files parses the one that changed."""
     try:
-        fast = _SAFE.load(io.StringIO(text))
-    except Exception:  # said by the round-trip loader below, with its line
-        return _parse_with_lines(text, source)
-    try:
-        return _build(fast, source)
-    except ConfigError:
-        return _parse_with_lines(text, source)
+        return _assemble(text, source, cache, lines=False)
+    except _NeedLines:
+        return _assemble(text, source, None, lines=True)
 
 
-_SAFE = YAML(typ="safe")
-
-
-def _parse_with_lines(text: str, source: str) -> Config:
-    yaml = YAML(typ="rt")
-    try:
-        doc = yaml.load(io.StringIO(text))
-    except MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else None
-        raise ConfigError([ConfigIssue("", line, f"not valid YAML: {exc.problem or exc.context}")],
-                          source) from None
-    except Exception as exc:  # ruamel raises a few unmarked errors (e.g. on bad tags)
-        raise ConfigError([ConfigIssue("", None, f"not valid YAML: {exc}")], source) from None
-    return _build(doc, source)
-
-
-def _build(doc: Any, source: str) -> Config:
-    walk = Walk()
-    top = walk.mapping(doc if doc is not None else {}, "", 1, ("server", "tenants"))
-    server = _server(walk, top.get("server"), walk.key_line(top, "server"))
-    tenants: dict[str, Tenant] = {}
-    tnode = walk.mapping(top.get("tenants"), "tenants", walk.key_line(top, "tenants"), None)
-    for tname, child, tpath, tline in _named(walk, tnode, "tenants", "tenant"):
-        tenants[tname] = _tenant(walk, tname, child, tpath, tline)
-    if not walk.issues:
-        check_document(walk, server, tenants, top)
-    if walk.issues:
-        raise ConfigError(walk.issues, source)
-    return Config(server=server, tenants=tenants, source=source)
-
-
-def load_config(path: str | Path) -> Config:
+def load_config(path: str | Path, cache: ParsedFiles | None = None) -> Config:
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([ConfigIssue("", None, f"cannot read {path}: {exc}")], str(path)) from None
-    return parse_config(text, str(path))
+    return parse_config(text, str(path), cache)
+
+
+class _NeedLines(Exception):
+    """The fast pass found a problem: the configuration is read again with line numbers, to say where."""
+
+
+_SAFE = YAML(typ="safe")
+
+
+def _document(text: str, lines: bool, file: str | None) -> Any:
+    if not lines:
+        try:
+            return _SAFE.load(io.StringIO(text))
+        except Exception:  # said by the round-trip loader, with its line
+            raise _NeedLines() from None
+    yaml = YAML(typ="rt")
+    try:
+        return yaml.load(io.StringIO(text))
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        raise _Unreadable(ConfigIssue("", line, f"not valid YAML: {exc.problem or exc.context}", file)) from None
+    except Exception as exc:  # ruamel raises a few unmarked errors (e.g. on bad tags)
+        raise _Unreadable(ConfigIssue("", None, f"not valid YAML: {exc}", file)) from None
+
+
+class _Unreadable(Exception):
+    def __init__(self, issue: ConfigIssue) -> None:
+        super().__init__(str(issue))
+        self.issue = issue
+
+
+class _TenantNodes(dict[str, Any]):
+    """``tenants:`` gathered from every file: each tenant's own node, and the line of its key in its own file
+    (what ``Walk.key_line`` reads off ruamel's nodes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: dict[str, int | None] = {}
+        self.lc = self
+
+    def key(self, name: str) -> tuple[int, int]:
+        line = self.lines.get(name)
+        if line is None:
+            raise KeyError(name)
+        return line - 1, 0
+
+
+class _NoLines(dict[Any, Any]):
+    """Any node of any document, in the fast pass, where nothing knows its line (``Walk.key_line`` says None)."""
+
+    def __getitem__(self, _key: object) -> _NoLines:
+        return self
+
+
+def _assemble(text: str, source: str, cache: ParsedFiles | None, *, lines: bool) -> Config:
+    walk = Walk()
+    try:
+        doc = _document(text, lines, None)
+    except _Unreadable as exc:
+        raise ConfigError([exc.issue], source) from None
+    top = walk.mapping(doc if doc is not None else {}, "", 1, _TOP_KEYS)
+    server = _server(walk, top.get("server"), walk.key_line(top, "server"))
+    globs = _include_globs(walk, top, source)
+    tenants: dict[str, Tenant] = {}
+    files: dict[str, str] = {}
+    nodes = _TenantNodes()
+    tnode = walk.mapping(top.get("tenants"), "tenants", walk.key_line(top, "tenants"), None)
+    for tname, child, tpath, tline in _named(walk, tnode, "tenants", "tenant"):
+        tenants[tname] = _tenant(walk, tname, child, tpath, tline)
+        files[tname], nodes[tname], nodes.lines[tname] = source, child, tline
+    kept: dict[str, tuple[Stamp, Mapping[str, Any]]] = {}
+    for pattern, path in expand(globs):
+        included = read_included(pattern, path)
+        if included.problem is not None or included.text is None or included.stamp is None:
+            walk.error("include", walk.key_line(top, "include"), f"{path} {included.problem}")
+            continue
+        built = cache.get(included) if cache is not None else None
+        if built is None:
+            built = _included_tenants(walk, included.text, path, lines)
+            if built is None:
+                continue
+        kept[path] = (included.stamp, built)
+        for tname, (tenant, tline, child) in built.items():
+            if tname in tenants:
+                if not lines:
+                    raise _NeedLines()
+                first = f"{files[tname]} (line {nodes.lines[tname]})"
+                walk.issues.append(ConfigIssue(f"tenants.{tname}", tline,
+                                               f"is defined again here: {first} defines it already", path))
+                continue
+            tenants[tname] = tenant
+            files[tname], nodes[tname], nodes.lines[tname] = path, child, tline
+    _check_tenant_config_dir(walk, top, server, globs)
+    if not walk.issues:
+        check_document(walk, server, tenants, {"tenants": nodes} if lines else _NoLines())
+    if walk.issues:
+        if not lines:
+            raise _NeedLines()
+        # check_document's issues name a tenant's key path: the file is that tenant's
+        issues = [_in_file(issue, files, source) for issue in walk.issues]
+        raise ConfigError(issues, source)
+    if cache is not None:
+        cache.keep(kept)
+    return Config(server=server, tenants=tenants, source=source, includes=tuple(globs),
+                  tenant_files={name: file for name, file in files.items() if file != source})
+
+
+def _included_tenants(walk: Walk, text: str, path: str,
+                      lines: bool) -> dict[str, tuple[Tenant, int | None, Any]] | None:
+    """An included file's tenants (tenant, the line of its key, its node), its issues into ``walk`` naming it."""
+    here = Walk(file=path)
+    try:
+        doc = _document(text, lines, path)
+    except _Unreadable as exc:
+        walk.issues.append(exc.issue)
+        return None
+    top = here.mapping(doc if doc is not None else {}, "", 1, _INCLUDED_TOP_KEYS)
+    tnode = here.mapping(top.get("tenants"), "tenants", here.key_line(top, "tenants"), None)
+    built = {}
+    for tname, child, tpath, tline in _named(here, tnode, "tenants", "tenant"):
+        built[tname] = (_tenant(here, tname, child, tpath, tline), tline, child if lines else None)
+    if here.issues:
+        if not lines:
+            raise _NeedLines()
+        walk.issues.extend(here.issues)
+        return None
+    return built
+
+
+def _in_file(issue: ConfigIssue, files: Mapping[str, str], source: str) -> ConfigIssue:
+    if issue.file is not None or not issue.path.startswith("tenants."):
+        return issue
+    file = files.get(issue.path.split(".")[1], source)
+    return issue if file == source else ConfigIssue(issue.path, issue.line, issue.message, file)
+
+
+def _include_globs(walk: Walk, top: dict[Any, Any], source: str) -> list[str]:
+    """``include:`` a glob or a list of them; relative ones are relative to the main file's directory."""
+    node = top.get("include")
+    if node is None:
+        return []
+    line = walk.key_line(top, "include")
+    items = [node] if isinstance(node, str) else node
+    if not isinstance(items, list):
+        walk.error("include", line, f"must be a list of file globs (e.g. [/etc/elastic.d/*.yaml]), not {kind(node)}")
+        return []
+    base = os.path.dirname(os.path.abspath(source)) if source != "<string>" else os.getcwd()
+    globs = []
+    for i, item in enumerate(items):
+        if not isinstance(item, str) or not item.strip() or "\0" in item:
+            walk.error(f"include[{i}]", walk.item_line(items, i) or line, f"{kind(item)} is not a file glob")
+            continue
+        pattern = os.path.normpath(os.path.join(base, item))
+        if pattern == os.path.normpath(os.path.abspath(source)):
+            walk.error(f"include[{i}]", walk.item_line(items, i) or line, "includes the main file itself")
+            continue
+        globs.append(pattern)
+    return globs
+
+
+def _check_tenant_config_dir(walk: Walk, top: dict[Any, Any], server: Server, globs: list[str]) -> None:
+    directory = server.tenant_config_dir
+    if directory is None:
+        return
+    if not glob_covers(globs, os.path.join(directory, "tenant.yaml")):
+        node = top.get("server")
+        walk.error("server.tenant_config_dir", walk.key_line(node, "tenant_config_dir"),
+                   f"{directory} is not read: include: must cover {directory}/<tenant>.yaml "
+                   f"(e.g. include: [{directory}/*.yaml]), or a tenant written there would never load")

@@ -72,6 +72,9 @@ class Server:
     stop_drain: float = 0.0  # at a stop, answer the agent `drain` this long first, still serving (0: off)
     # Where each isolated tenant's private /tmp and /var/tmp live on the host (<tmp_dir>/<tenant>/tmp, .../var-tmp).
     tmp_dir: str = "/var/tmp/elasticd"
+    # Where elasticd writes a tenant's own file (elasticctl tenant add|set, limit --persist of a tenant defined
+    # there): <tenant_config_dir>/<tenant>.yaml, which an include glob must cover. None: tenants are not managed.
+    tenant_config_dir: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +277,14 @@ class Tenant:
 class Config:
     server: Server
     tenants: Mapping[str, Tenant]
-    source: str = "<string>"
+    source: str = "<string>"  # the main file
+    # The include globs, absolute (the main file's top-level include:), and the file that defines each tenant (the
+    # main file's, or an included one's): where its errors are said and where limit --persist writes.
+    includes: tuple[str, ...] = ()
+    tenant_files: Mapping[str, str] = field(default_factory=dict)
+
+    def file_of(self, tenant: str) -> str:
+        return self.tenant_files.get(tenant, self.source)
 
     def apps(self) -> Iterator[tuple[Tenant, App]]:
         for tenant in self.tenants.values():

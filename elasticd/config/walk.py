@@ -25,13 +25,14 @@ class ConfigIssue:
     path: str
     line: int | None
     message: str
+    file: str | None = None  # an included file; None: the file the error is reported for (the main one)
 
     def __str__(self) -> str:
         if self.path:
             where = f"{self.path} (line {self.line})" if self.line else self.path
         else:
             where = f"line {self.line}" if self.line else "config"
-        return f"{where}: {self.message}"
+        return f"{self.file}: {where}: {self.message}" if self.file else f"{where}: {self.message}"
 
 
 class ConfigError(Exception):
@@ -47,13 +48,14 @@ class ConfigError(Exception):
 class Walk:
     """Collects issues while the model is built, so one pass reports everything wrong with a file."""
 
-    __slots__ = ("issues",)
+    __slots__ = ("file", "issues")
 
-    def __init__(self) -> None:
+    def __init__(self, file: str | None = None) -> None:
         self.issues: list[ConfigIssue] = []
+        self.file = file  # the included file being walked (its issues name it); None: the main file
 
     def error(self, path: str, line: int | None, message: str) -> None:
-        self.issues.append(ConfigIssue(path, line, message))
+        self.issues.append(ConfigIssue(path, line, message, self.file))
 
     # A node's line: ruamel keeps 0-based positions per key (``lc.key``) and per item (``lc.item``).
     @staticmethod
