@@ -25,6 +25,7 @@ from elasticd.pool.manager import PoolManager
 from elasticd.probes.wiring import CapacityWiring
 from elasticd.supervisor.sandbox import sandbox_for
 from elasticd.supervisor.supervisor import Supervisor
+from elasticd.tenant_files.runtime import TenantFiles, TenantReply
 
 __all__ = ["DaemonControl", "ReloadResult"]
 
@@ -35,6 +36,8 @@ class ReloadResult:
     error: str | None = None
     problems: list[str] = field(default_factory=list)
     at: float = field(default_factory=time.time)
+    written: list[str] = field(default_factory=list)  # the tenants whose cgroup files it wrote
+    status: int = 200  # a refusal's, for a tenant file's change: 409 a conflict, 422 invalid, 500 not written
 
 
 @dataclass(slots=True)
@@ -49,14 +52,16 @@ class DaemonParts:
     cgroups: Activation
     limits: RuntimeLimits
     sampler: Sampler
+    tenant_files: TenantFiles
 
 
 class DaemonControl:
     __slots__ = ("_capacity", "_cgroups", "_channel", "_config", "_front", "_last_reload", "_limits", "_pool",
-                 "_reload", "_sampler", "_started_at", "_supervisor", "_upgrade", "_upgrade_state", "config_path")
+                 "_reload", "_sampler", "_started_at", "_supervisor", "_tenant_files", "_upgrade", "_upgrade_state",
+                 "config_path")
 
     def __init__(self, parts: DaemonParts, *, config: Callable[[], Config], config_path: str,
-                 reload: Callable[[], Awaitable[ReloadResult]],
+                 reload: Callable[[bool], Awaitable[ReloadResult]],
                  last_reload: Callable[[], ReloadResult | None],
                  upgrade: Callable[[], Awaitable[tuple[bool, str]]] | None = None,
                  upgrade_state: Callable[[], dict[str, Any]] | None = None) -> None:
@@ -68,6 +73,7 @@ class DaemonControl:
         self._cgroups = parts.cgroups
         self._limits = parts.limits
         self._sampler = parts.sampler
+        self._tenant_files = parts.tenant_files
         # Read at each answer: a reload replaces the config and the last reload's outcome.
         self._config = config
         self._last_reload = last_reload
@@ -81,8 +87,8 @@ class DaemonControl:
     def config(self) -> Config:
         return self._config()
 
-    async def reload(self) -> ReloadResult:
-        return await self._reload()
+    async def reload(self, everything: bool = False) -> ReloadResult:
+        return await self._reload(everything)
 
     async def upgrade(self) -> tuple[bool, str]:
         if self._upgrade is None:
@@ -97,6 +103,15 @@ class DaemonControl:
 
     async def clear_limits(self, tenant: str, names: str | None) -> LimitsReply:
         return await self._limits.clear(tenant, names)
+
+    async def put_tenant(self, tenant: str, raw: bytes, content_type: str, create_only: bool) -> TenantReply:
+        return await self._tenant_files.put(tenant, raw, content_type, create_only)
+
+    async def get_tenant(self, tenant: str) -> TenantReply:
+        return await self._tenant_files.get(tenant)
+
+    async def delete_tenant(self, tenant: str) -> TenantReply:
+        return await self._tenant_files.delete(tenant)
 
     async def drain(self, worker_id: str) -> dict[str, Any]:
         """POST /v1/workers/{worker}/drain: KeyError for no such worker, ValueError when it is draining."""

@@ -37,7 +37,9 @@ from elasticd.background import Background
 from elasticd.cgroup.activation import Activation, CgroupRefused
 from elasticd.channel_auth import ChannelAuth
 from elasticd.config import Config, ConfigError, PoolSettings, Quotas, Resources, load_config
-from elasticd.config.notices import balancer_warnings, isolation_warnings, restart_only_changes
+from elasticd.config.changes import changed_tenants
+from elasticd.config.include import ParsedFiles
+from elasticd.config.notices import balancer_warnings, few, isolation_warnings, restart_only_changes
 from elasticd.control import DaemonControl, DaemonParts, ReloadResult
 from elasticd.front import Front, RouteTable
 from elasticd.front.serving import BACKLOG
@@ -62,6 +64,7 @@ from elasticd.supervisor.spawn import channel_path
 from elasticd.supervisor.supervisor import Supervisor
 from elasticd.supervisor.worker_process import Worker
 from elasticd.systemd import Notifier, forget_stored, listen_fds, setup_logging, store_listeners
+from elasticd.tenant_files.runtime import TenantChange, TenantFiles
 from elasticd.upgrade.inherited import close_strays, kept_descriptors
 from elasticd.upgrade.reexec import ReExec, read_inherited_state
 from elasticd.upgrade.state import READS as STATE_FORMATS_READ
@@ -99,12 +102,14 @@ class Daemon:
         "front",
         "inherited",
         "last_reload",
+        "last_written",
         "limits",
         "listeners",
         "metrics",
         "monitor",
         "mover",
         "notifier",
+        "parsed",
         "pool",
         "reexec",
         "registry",
@@ -114,9 +119,13 @@ class Daemon:
     )
 
     def __init__(self, config: Config, config_path: str, inherited: SavedState | None = None,
-                 refused_state: str | None = None, stored: Mapping[str, list[int]] | None = None) -> None:
+                 refused_state: str | None = None, stored: Mapping[str, list[int]] | None = None,
+                 parsed: ParsedFiles | None = None) -> None:
         self.config = config
         self.config_path = config_path
+        # The included files' last good parse: a reload parses only the files that changed (config/include.py).
+        self.parsed = parsed if parsed is not None else ParsedFiles()
+        self.last_written: frozenset[str] = frozenset()  # the tenants whose cgroup files the last activation wrote
         # A re-exec in place (upgrade/reexec.py): what the previous image handed over (None: a plain start), and why
         # it could not be taken, if it could not.
         self.inherited = (inherited, refused_state)
@@ -162,9 +171,10 @@ class Daemon:
         self.front.place = self.capacity.place
         self.sampler = Sampler(interval=config.server.sample_interval)
         self.sampler.set_busy(self.supervisor.apps_alive)  # an app with a worker is read every tick, populated or not
+        tenant_files = TenantFiles(lambda: self.config, self.change_tenant_file, self.supervisor.workers_of_tenant)
         self.control = DaemonControl(
             DaemonParts(self.supervisor, self.front, self.pool, self.capacity, self.channel, self.cgroups, self.limits,
-                        self.sampler),
+                        self.sampler, tenant_files),
             config=lambda: self.config, config_path=config_path, reload=self.reload,
             last_reload=lambda: self.last_reload, upgrade=self.upgrade, upgrade_state=lambda: self.reexec.state())
         self.monitor = MonitorPage(self.control.monitor_state)  # its credentials are read in run() (and at each reload)
@@ -238,11 +248,15 @@ class Daemon:
     # ------------------------------------------------------------------ activation and reload
 
     async def _activate(self, config: Config, previous: Config | None,
-                        channel_inodes: Mapping[str, int] | None = None) -> list[str]:
+                        channel_inodes: Mapping[str, int] | None = None, everything: bool = False) -> list[str]:
         self.limits.forget_removed(config)
-        # Run-time overrides are written over the config's values, so a reload does not undo them.
+        # A start (and `elasticctl reload --all`) writes every tenant's cgroup files; a reload, those of the tenants
+        # whose settings changed. Run-time overrides are written over the config's values, so a reload does not
+        # undo them.
+        written = changed_tenants(None if everything else previous, config)
         problems = self.cgroups.write(config, lambda t: effective(config.tenants[t].resources,
-                                                                   self.limits.overrides.get(t, {})))
+                                                                   self.limits.overrides.get(t, {})), only=written)
+        self.last_written = written
         self._controllers = self.cgroups.controllers(config)
         # Routes first: a removed app stops receiving traffic before its workers are stopped.
         self.front.set_routes(RouteTable.from_config(config))
@@ -308,32 +322,65 @@ class Daemon:
         preflight passed and the hand-over began; (False, why not) and nothing stopped."""
         return await self.reexec.begin()
 
-    async def reload(self) -> ReloadResult:
+    async def reload(self, everything: bool = False) -> ReloadResult:
         """Parse and validate first: an invalid file changes nothing and its error is returned and logged.
         A task of its own, so that a stop can cancel it wherever it is, and shielded from its caller: an
-        admin client that hangs up (aiohttp 3.8 cancels its handler) does not cut a reload in half."""
+        admin client that hangs up (aiohttp 3.8 cancels its handler) does not cut a reload in half.
+        ``everything`` (elasticctl reload --all): every file parsed again and every tenant's cgroup files written,
+        not only what changed."""
         if self._stop.is_set():
             return ReloadResult(ok=False, error="elasticd is stopping: the reload was not started")
-        return await asyncio.shield(self._track(self._reload()))
+        return await asyncio.shield(self._track(self._reload(everything)))
 
-    async def _reload(self) -> ReloadResult:
+    async def change_tenant_file(self, change: TenantChange) -> ReloadResult:
+        """A panel's change of one tenant's file (tenant_files/runtime.py): validated against the whole
+        configuration as it would be, written, then applied as a reload; refused with nothing changed."""
+        if self._stop.is_set():
+            return ReloadResult(ok=False, error="elasticd is stopping: nothing was changed", status=503)
+        return await asyncio.shield(self._track(self._reload(False, change)))
+
+    async def _validated(self, change: TenantChange) -> ReloadResult | None:
+        """The change checked and written (None), or why not (nothing written)."""
+        conflict = change.conflict(self.config)
+        if conflict is not None:
+            return ReloadResult(ok=False, error=conflict[1], status=conflict[0])
+        try:
+            await asyncio.to_thread(load_config, self.config_path, self.parsed, {str(change.path): change.text})
+        except ConfigError as exc:
+            return ReloadResult(ok=False, error=f"{self.config_path} with {change.path} changed:\n"
+                                                f"{change.in_body(exc)}", status=422)
+        try:
+            await asyncio.to_thread(change.commit)
+        except OSError as exc:
+            return ReloadResult(ok=False, error=f"cannot write {change.path}: {exc.strerror or exc}", status=500)
+        return None
+
+    async def _reload(self, everything: bool, change: TenantChange | None = None) -> ReloadResult:
         async with self._reload_lock:
+            refused = await self._validated(change) if change is not None else None
+            if refused is not None:
+                return refused
             self.notifier.reloading()
             try:
-                new = load_config(self.config_path)
+                if everything:
+                    self.parsed.clear()
+                new = load_config(self.config_path, self.parsed)
                 credentials = read_credentials(new.server.monitor)
                 publisher = read_registry(new.server.registry)
             except (ConfigError, ValueError) as exc:
                 log.error("reload refused, the running configuration stays: %s\n%s", self.config_path, exc)
-                result = ReloadResult(ok=False, error=f"{self.config_path}:\n{exc}")
+                result = ReloadResult(ok=False, error=f"{self.config_path}:\n{exc}", status=422)
+                if change is not None:  # (another file was edited in between: this one goes back as it was)
+                    await asyncio.to_thread(change.undo)
             else:
                 self.monitor.credentials = credentials
                 self.registry.publisher = publisher
                 result = ReloadResult(ok=True, problems=restart_only_changes(self.config, new))
                 for problem in result.problems:
                     log.warning("%s", problem)
-                result.problems.extend(await self._activate(new, self.config))
-                log.info("reloaded %s", self.config_path)
+                result.problems.extend(await self._activate(new, self.config, everything=everything))
+                result.written = sorted(self.last_written)
+                log.info("reloaded %s: %s", self.config_path, written_summary(self.last_written, len(new.tenants)))
             self.last_reload = result
             status = self.supervisor.summary()
             self.notifier.ready(status if result.ok else f"{status}; last reload refused: invalid configuration")
@@ -464,6 +511,13 @@ class Daemon:
         log.info("stopped")
 
 
+def written_summary(written: frozenset[str], tenants: int) -> str:
+    """The tenants whose cgroup files an activation wrote, in one line."""
+    if not written:
+        return f"no tenant changed (of {tenants}): no cgroup file written"
+    return f"{len(written)} of {tenants} tenants written ({few(sorted(written))})"
+
+
 def _quotas(config: Config) -> dict[str, Quotas]:
     return {tenant.name: tenant.quotas for tenant in config.tenants.values()}
 
@@ -507,14 +561,15 @@ def main(argv: list[str] | None = None) -> int:
     stored = listen_fds(os.environ)
     close_strays(kept_descriptors(saved, stored))
     setup_logging(getattr(logging, args.log_level.upper()))
+    parsed = ParsedFiles()
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, parsed)
     except ConfigError as exc:
         log.error("invalid configuration %s:\n%s", args.config, exc)
         return 1
     path = str(Path(args.config).resolve())
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(Daemon(config, path, saved, refused, stored).run())
+        return runner.run(Daemon(config, path, saved, refused, stored, parsed).run())
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -174,9 +174,15 @@ class Daemon:
         index = self.notify.messages.index(reloading)
         return self.notify.wait_for("READY", "1", after=index + 1)
 
-    def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([PYTHON, "-m", "elasticd.ctl", "--socket", str(self.admin), *args],
-                              capture_output=True, text=True, timeout=60)
+    def ctl(self, *args: str, input_file: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """elasticctl against this daemon; ``input_file`` as its standard input."""
+        stdin = open(input_file) if input_file is not None else subprocess.DEVNULL  # noqa: SIM115 - closed below
+        try:
+            return subprocess.run([PYTHON, "-m", "elasticd.ctl", "--socket", str(self.admin), *args],
+                                  capture_output=True, text=True, timeout=60, stdin=stdin)
+        finally:
+            if input_file is not None:
+                stdin.close()
 
     def status(self) -> dict[str, Any]:
         result = self.ctl("status", "--json")

@@ -16,6 +16,7 @@ class Outcome:
     ok: bool
     error: str | None = None
     problems: list[str] = field(default_factory=list)
+    written: list[str] = field(default_factory=list)
 
 
 class FakeControl:
@@ -26,8 +27,9 @@ class FakeControl:
     def status(self):
         return {"pid": 1}
 
-    async def reload(self):
+    async def reload(self, everything: bool = False):
         self.reloads += 1
+        self.everything = everything
         return self.outcome
 
 
@@ -47,7 +49,10 @@ async def test_routes_and_refusals(tmp_path):
         code, body = await _call(api.path, "POST", "/v1/reload")
         assert (code, body["ok"], body["error"]) == (422, False, "tenants.acme (line 3): bad")
         control.outcome = Outcome(ok=True, problems=["note"])
-        assert await _call(api.path, "POST", "/v1/reload") == (200, {"ok": True, "problems": ["note"]})
+        assert await _call(api.path, "POST", "/v1/reload") == (200, {"ok": True, "problems": ["note"], "written": []})
+        assert control.everything is False
+        assert (await _call(api.path, "POST", "/v1/reload?all=1"))[0] == 200 and control.everything is True
+        assert (await _call(api.path, "POST", "/v1/reload?all=yes"))[0] == 400
         code, body = await _call(api.path, "GET", "/v1/nothing")
         assert code == 404 and "GET /v1/nothing" in body["error"]
         code, body = await _call(api.path, "GET", "/v1/reload")

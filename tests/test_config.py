@@ -530,7 +530,7 @@ def test_the_fast_loader_and_the_one_with_lines_give_the_same_config(tmp_path):
     from elasticd.config.load import _assemble
 
     def _parse_with_lines(text: str, source: str):
-        return _assemble(text, source, None, lines=True)
+        return _assemble(text, source, None, lines=True, overlay={})
 
     example = Path(__file__).resolve().parent.parent / "etc" / "elastic.yaml.example"
     root = tmp_path / "root"

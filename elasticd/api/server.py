@@ -19,6 +19,7 @@ from aiohttp import web
 from elasticd.accounting.usage import parse_apps_flag, parse_interval_ms
 from elasticd.aiohttp_grace import grace
 from elasticd.listeners import Listeners
+from elasticd.tenant_files.document import MAX_BODY
 
 __all__ = ["AdminApi", "Control", "ReloadOutcome", "SocketInUse"]
 
@@ -33,6 +34,7 @@ class ReloadOutcome(Protocol):
     ok: bool
     error: str | None
     problems: list[str]
+    written: list[str]
 
 
 class LimitsOutcome(Protocol):
@@ -42,9 +44,12 @@ class LimitsOutcome(Protocol):
 
 class Control(Protocol):
     def status(self) -> dict[str, Any]: ...
-    async def reload(self) -> ReloadOutcome: ...
+    async def reload(self, everything: bool = False) -> ReloadOutcome: ...
     async def set_limits(self, tenant: str, body: Any) -> LimitsOutcome: ...
     async def clear_limits(self, tenant: str, names: str | None) -> LimitsOutcome: ...
+    async def put_tenant(self, tenant: str, raw: bytes, content_type: str, create_only: bool) -> LimitsOutcome: ...
+    async def get_tenant(self, tenant: str) -> LimitsOutcome: ...
+    async def delete_tenant(self, tenant: str) -> LimitsOutcome: ...
     async def usage(self, interval_ms: int, apps: bool) -> dict[str, Any]: ...
     def pool_state(self, tenant: str, app: str) -> dict[str, Any]: ...
     async def population(self, tenant: str, app: str) -> dict[str, Any]: ...
@@ -67,7 +72,8 @@ class AdminApi:
         self._runner: web.AppRunner | None = None
 
     def _app(self) -> web.Application:
-        app = web.Application(middlewares=[_json_errors])
+        # (a tenant's configuration is at most document.MAX_BODY: a bigger body is refused as it arrives, 413)
+        app = web.Application(middlewares=[_json_errors], client_max_size=MAX_BODY)
         app.router.add_get("/v1/status", self._status)
         app.router.add_post("/v1/reload", self._reload)
         app.router.add_post("/v1/upgrade", self._upgrade)
@@ -76,6 +82,9 @@ class AdminApi:
         app.router.add_get("/v1/tenants/usage", self._usage)
         app.router.add_post("/v1/tenants/{tenant}/limits", self._set_limits)
         app.router.add_delete("/v1/tenants/{tenant}/limits", self._clear_limits)
+        app.router.add_put("/v1/tenants/{tenant}/config", self._put_tenant)
+        app.router.add_get("/v1/tenants/{tenant}/config", self._get_tenant)
+        app.router.add_delete("/v1/tenants/{tenant}/config", self._delete_tenant)
         app.router.add_get("/v1/apps/{tenant}/{app}/pool", self._pool)
         app.router.add_get("/v1/apps/{tenant}/{app}/population", self._population)
         app.router.add_post("/v1/workers/{worker}/drain", self._drain)
@@ -170,17 +179,38 @@ class AdminApi:
         outcome = await self._control.set_limits(request.match_info["tenant"], body)
         return web.json_response(outcome.body, status=outcome.status)
 
+    async def _put_tenant(self, request: web.Request) -> web.Response:
+        """The tenant's own file, created or replaced (201 or 200); ``If-None-Match: *`` only creates (409 when it
+        exists: elasticctl tenant add)."""
+        raw = await request.read()  # (over client_max_size: 413 from aiohttp, before any of it is kept)
+        create_only = request.headers.get("If-None-Match", "").strip() == "*"
+        outcome = await self._control.put_tenant(request.match_info["tenant"], raw,
+                                                 request.headers.get("Content-Type", "application/json"), create_only)
+        return web.json_response(outcome.body, status=outcome.status)
+
+    async def _get_tenant(self, request: web.Request) -> web.Response:
+        outcome = await self._control.get_tenant(request.match_info["tenant"])
+        return web.json_response(outcome.body, status=outcome.status)
+
+    async def _delete_tenant(self, request: web.Request) -> web.Response:
+        outcome = await self._control.delete_tenant(request.match_info["tenant"])
+        return web.json_response(outcome.body, status=outcome.status)
+
     async def _clear_limits(self, request: web.Request) -> web.Response:
         """?limits=cpu,memory clears those overrides; no query clears them all."""
         outcome = await self._control.clear_limits(request.match_info["tenant"], request.query.get("limits"))
         return web.json_response(outcome.body, status=outcome.status)
 
     async def _reload(self, request: web.Request) -> web.Response:
-        outcome = await self._control.reload()
+        """?all=1: every file parsed again and every tenant's cgroup files written (elasticctl reload --all)."""
+        everything = request.query.get("all", "0")
+        if everything not in ("0", "1", "true", "false"):
+            return web.json_response({"error": f"all={everything!r}: 1 or 0"}, status=400)
+        outcome = await self._control.reload(everything in ("1", "true"))
         if not outcome.ok:
             return web.json_response({"ok": False, "error": outcome.error, "problems": outcome.problems},
                                      status=422)
-        return web.json_response({"ok": True, "problems": outcome.problems})
+        return web.json_response({"ok": True, "problems": outcome.problems, "written": outcome.written})
 
 
     async def _upgrade(self, request: web.Request) -> web.Response:

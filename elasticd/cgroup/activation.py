@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -74,13 +74,17 @@ class Activation:
     def leaf(self, tenant: str, app: str) -> str | None:
         return str(self.tree.leaf(tenant, app)) if self.tree is not None else None
 
-    def write(self, config: Config, resources_of: Callable[[str], Resources]) -> list[str]:
-        """Create every leaf and write every limit: on each activation, so a reload changes them in place."""
+    def write(self, config: Config, resources_of: Callable[[str], Resources],
+              only: Collection[str] | None = None) -> list[str]:
+        """Create the leaves and write the limits of every tenant, or of ``only`` these (a reload's changed ones:
+        config/changes.py), so a reload changes them in place."""
         tree = self.tree
         if tree is None:
             return []
         problems: list[str] = []
         for tenant in config.tenants.values():
+            if only is not None and tenant.name not in only:
+                continue
             try:
                 tree.ensure_tenant(tenant.name)
                 for app in tenant.apps.values():

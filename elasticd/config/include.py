@@ -10,8 +10,8 @@ write (a new inode, renamed over) always changes the stamp; ``elasticctl reload 
 What is refused, each naming the file:
 - a match that is not a regular file, or a symlink whose target lies outside the glob's directory (an include is
   the operator's directory, not a way to read a file from elsewhere);
-- a file, or its directory, writable by anyone but root and elasticd's own user (a tenant who could write it
-  could raise its own limits), or owned by another user;
+- a file, or its directory, writable by its group or by others, or owned by a tenant's user (a tenant who could
+  write it could raise its own limits; the loader checks the owners once it knows the tenants' users);
 - a file over ``MAX_BYTES``, or not UTF-8.
 """
 
@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MAX_BYTES", "Included", "ParsedFiles", "Stamp", "expand", "glob_covers", "read_included"]
+__all__ = ["MAX_BYTES", "Included", "ParsedFiles", "Stamp", "expand", "glob_covers", "owned_by_tenant", "read_included"]
 
 MAX_BYTES = 4 << 20
 
@@ -49,6 +49,7 @@ class Included:
     stamp: Stamp | None = None
     text: str | None = None
     problem: str | None = None  # why it cannot be taken
+    owners: tuple[int, int] = (0, 0)  # the file's and its directory's
 
 
 def expand(globs: Sequence[str]) -> list[tuple[str, str]]:
@@ -76,9 +77,6 @@ def glob_covers(globs: Iterable[str], path: str) -> bool:
 
 
 def _writers(info: os.stat_result) -> str | None:
-    allowed = {0, os.geteuid()}
-    if info.st_uid not in allowed:
-        return f"is owned by uid {info.st_uid}, not root"
     if info.st_mode & 0o022:
         who = "others" if info.st_mode & 0o002 else "its group"
         return f"is writable by {who} (mode {stat.S_IMODE(info.st_mode):04o})"
@@ -99,8 +97,9 @@ def read_included(pattern: str, path: str) -> Included:
         if not stat.S_ISREG(info.st_mode):
             return Included(path, problem="is not a regular file")
         why = _writers(info)
+        folder = os.stat(os.path.dirname(path) or ".")
         if why is None:
-            why = _writers(os.stat(os.path.dirname(path) or "."))
+            why = _writers(folder)
             if why is not None:
                 why = f"lies in a directory that {why}"
         if why is not None:
@@ -116,7 +115,16 @@ def read_included(pattern: str, path: str) -> Included:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         return Included(path, problem=f"is not UTF-8 (byte {exc.start})")
-    return Included(path, after, text)
+    return Included(path, after, text, owners=(info.st_uid, folder.st_uid))
+
+
+def owned_by_tenant(included: Included, tenant_uids: Mapping[int, str]) -> str | None:
+    """Why ``included`` is refused when a tenant's user owns it or its directory (that user could rewrite it)."""
+    for what, uid in (("is", included.owners[0]), ("lies in a directory", included.owners[1])):
+        if uid in tenant_uids:
+            return (f"{what} owned by {tenant_uids[uid]}, the user tenant workers run as: a tenant who could write "
+                    "it could raise its own limits")
+    return None
 
 
 @dataclass(slots=True)

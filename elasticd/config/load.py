@@ -13,7 +13,7 @@ import os
 import pwd
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,15 @@ from ruamel.yaml.error import MarkedYAMLError
 
 from elasticd.config.capacity import capacity_block, nodes_list, registry_section
 from elasticd.config.checks import check_document
-from elasticd.config.include import ParsedFiles, Stamp, expand, glob_covers, read_included
+from elasticd.config.include import (
+    Included,
+    ParsedFiles,
+    Stamp,
+    expand,
+    glob_covers,
+    owned_by_tenant,
+    read_included,
+)
 from elasticd.config.isolation import isolation_section
 from elasticd.config.model import (
     App,
@@ -73,7 +81,7 @@ _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SERVER_KEYS = ("listen", "metrics_listen", "admin_socket", "admin_group", "runtime_dir", "cgroups",
                 "sample_interval", "occupancy_interval", "request_timeout", "stop_timeout", "user_ttl",
                 "hung_after", "move_timeout", "monitor", "registry", "agent_listen", "stop_drain", "tmp_dir",
-                "tenant_config_dir")
+                "tenant_config_dir", "state_dir")
 _TENANT_KEYS = ("user", "group", "resources", "quotas", "apps", "isolation")
 _RESOURCE_KEYS = ("cpu", "memory", "swap", "pids", "io_weight", "io_bandwidth")
 _QUOTA_KEYS = ("max_concurrent_requests", "requests_per_second", "burst")
@@ -108,7 +116,8 @@ def _server(walk: Walk, node: Any, line: int | None) -> Server:
         agent_listen=walk.value(m, "agent_listen", "server", address, None),
         stop_drain=walk.value(m, "stop_drain", "server", duration_or_zero, 0.0),
         tmp_dir=walk.value(m, "tmp_dir", "server", absolute_path, d.tmp_dir),
-        tenant_config_dir=walk.value(m, "tenant_config_dir", "server", absolute_path, None),
+        tenant_config_dir=walk.value(m, "tenant_config_dir", "server", _path, None),
+        state_dir=walk.value(m, "state_dir", "server", absolute_path, d.state_dir),
         listen=walk.value(m, "listen", "server", address, d.listen),
         metrics_listen=walk.value(m, "metrics_listen", "server", address, d.metrics_listen),
         admin_socket=walk.value(m, "admin_socket", "server", absolute_path, d.admin_socket),
@@ -123,6 +132,14 @@ def _server(walk: Walk, node: Any, line: int | None) -> Server:
         hung_after=hung_after,
         move_timeout=walk.value(m, "move_timeout", "server", duration, d.move_timeout),
     )
+
+
+def _path(value: Any) -> str:
+    """A path, absolute or relative to the main file's directory (resolved in _assemble)."""
+    text = string(value)
+    if not text or "\0" in text:
+        raise ValueError(f"{kind(value)} is not a path")
+    return os.path.normpath(text)
 
 
 def _monitor(walk: Walk, server: dict[Any, Any]) -> MonitorAuth | None:
@@ -449,7 +466,8 @@ _TOP_KEYS = ("server", "tenants", "include")
 _INCLUDED_TOP_KEYS = ("tenants",)
 
 
-def parse_config(text: str, source: str = "<string>", cache: ParsedFiles | None = None) -> Config:
+def parse_config(text: str, source: str = "<string>", cache: ParsedFiles | None = None,
+                 overlay: Mapping[str, str | None] | None = None) -> Config:
     """Validate YAML text (the main file's) into a Config, or raise ConfigError listing every problem found, in it
     and in the files it includes.
 
@@ -460,20 +478,24 @@ def parse_config(text: str, source: str = "<string>", cache: ParsedFiles | None 
     the walk the same plain mappings, lists and scalars.
 
     ``cache``: the included files parsed last time (include.py); an unchanged file's tenants are taken as built
-    then, so a reload of 2,000 tenant files parses the one that changed."""
+    then, so a reload of 2,000 tenant files parses the one that changed.
+
+    ``overlay``: included files as they would be, path → text (None: as if removed), to validate a change before
+    it is written (elasticctl tenant set|remove); the cache is read for the other files but not updated."""
     try:
-        return _assemble(text, source, cache, lines=False)
+        return _assemble(text, source, cache, lines=False, overlay=overlay or {})
     except _NeedLines:
-        return _assemble(text, source, None, lines=True)
+        return _assemble(text, source, None, lines=True, overlay=overlay or {})
 
 
-def load_config(path: str | Path, cache: ParsedFiles | None = None) -> Config:
+def load_config(path: str | Path, cache: ParsedFiles | None = None,
+                overlay: Mapping[str, str | None] | None = None) -> Config:
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([ConfigIssue("", None, f"cannot read {path}: {exc}")], str(path)) from None
-    return parse_config(text, str(path), cache)
+    return parse_config(text, str(path), cache, overlay)
 
 
 class _NeedLines(Exception):
@@ -529,7 +551,19 @@ class _NoLines(dict[Any, Any]):
         return self
 
 
-def _assemble(text: str, source: str, cache: ParsedFiles | None, *, lines: bool) -> Config:
+def _matches(globs: list[str], overlay: Mapping[str, str | None]) -> list[tuple[str, str]]:
+    """(glob, file) to read: what the globs match on disk, as ``overlay`` would change it."""
+    matched = [(pattern, path) for pattern, path in expand(globs) if path not in overlay or overlay[path] is not None]
+    on_disk = {path for _pattern, path in matched}
+    for path, text in overlay.items():
+        pattern = next((g for g in globs if glob_covers([g], path)), None)
+        if text is not None and path not in on_disk and pattern is not None:
+            matched.append((pattern, path))
+    return matched
+
+
+def _assemble(text: str, source: str, cache: ParsedFiles | None, *, lines: bool,
+              overlay: Mapping[str, str | None]) -> Config:
     walk = Walk()
     try:
         doc = _document(text, lines, None)
@@ -538,6 +572,8 @@ def _assemble(text: str, source: str, cache: ParsedFiles | None, *, lines: bool)
     top = walk.mapping(doc if doc is not None else {}, "", 1, _TOP_KEYS)
     server = _server(walk, top.get("server"), walk.key_line(top, "server"))
     globs = _include_globs(walk, top, source)
+    if server.tenant_config_dir is not None and not os.path.isabs(server.tenant_config_dir):
+        server = replace(server, tenant_config_dir=os.path.join(_base(source), server.tenant_config_dir))
     tenants: dict[str, Tenant] = {}
     files: dict[str, str] = {}
     nodes = _TenantNodes()
@@ -546,8 +582,13 @@ def _assemble(text: str, source: str, cache: ParsedFiles | None, *, lines: bool)
         tenants[tname] = _tenant(walk, tname, child, tpath, tline)
         files[tname], nodes[tname], nodes.lines[tname] = source, child, tline
     kept: dict[str, tuple[Stamp, Mapping[str, Any]]] = {}
-    for pattern, path in expand(globs):
-        included = read_included(pattern, path)
+    taken: list[Included] = []
+    for pattern, path in _matches(globs, overlay):
+        if path in overlay:
+            body = overlay[path] or ""
+            included = Included(path, Stamp(-1, -1, len(body), -1, -1), body)  # (no cache entry has such a stamp)
+        else:
+            included = read_included(pattern, path)
         if included.problem is not None or included.text is None or included.stamp is None:
             walk.error("include", walk.key_line(top, "include"), f"{path} {included.problem}")
             continue
@@ -557,6 +598,7 @@ def _assemble(text: str, source: str, cache: ParsedFiles | None, *, lines: bool)
             if built is None:
                 continue
         kept[path] = (included.stamp, built)
+        taken.append(included)
         for tname, (tenant, tline, child) in built.items():
             if tname in tenants:
                 if not lines:
@@ -568,6 +610,10 @@ def _assemble(text: str, source: str, cache: ParsedFiles | None, *, lines: bool)
             tenants[tname] = tenant
             files[tname], nodes[tname], nodes.lines[tname] = path, child, tline
     _check_tenant_config_dir(walk, top, server, globs)
+    tenant_uids = {t.run_as.uid: t.run_as.user for t in tenants.values() if t.run_as is not None and t.run_as.uid}
+    for included in taken:
+        if (why := owned_by_tenant(included, tenant_uids)) is not None:
+            walk.error("include", walk.key_line(top, "include"), f"{included.path} {why}")
     if not walk.issues:
         check_document(walk, server, tenants, {"tenants": nodes} if lines else _NoLines())
     if walk.issues:
@@ -576,7 +622,7 @@ def _assemble(text: str, source: str, cache: ParsedFiles | None, *, lines: bool)
         # check_document's issues name a tenant's key path: the file is that tenant's
         issues = [_in_file(issue, files, source) for issue in walk.issues]
         raise ConfigError(issues, source)
-    if cache is not None:
+    if cache is not None and not overlay:
         cache.keep(kept)
     return Config(server=server, tenants=tenants, source=source, includes=tuple(globs),
                   tenant_files={name: file for name, file in files.items() if file != source})
@@ -611,6 +657,11 @@ def _in_file(issue: ConfigIssue, files: Mapping[str, str], source: str) -> Confi
     return issue if file == source else ConfigIssue(issue.path, issue.line, issue.message, file)
 
 
+def _base(source: str) -> str:
+    """The directory relative paths of the main file are relative to."""
+    return os.path.dirname(os.path.abspath(source)) if source != "<string>" else os.getcwd()
+
+
 def _include_globs(walk: Walk, top: dict[Any, Any], source: str) -> list[str]:
     """``include:`` a glob or a list of them; relative ones are relative to the main file's directory."""
     node = top.get("include")
@@ -621,7 +672,7 @@ def _include_globs(walk: Walk, top: dict[Any, Any], source: str) -> list[str]:
     if not isinstance(items, list):
         walk.error("include", line, f"must be a list of file globs (e.g. [/etc/elastic.d/*.yaml]), not {kind(node)}")
         return []
-    base = os.path.dirname(os.path.abspath(source)) if source != "<string>" else os.getcwd()
+    base = _base(source)
     globs = []
     for i, item in enumerate(items):
         if not isinstance(item, str) or not item.strip() or "\0" in item:

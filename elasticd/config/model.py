@@ -75,6 +75,8 @@ class Server:
     # Where elasticd writes a tenant's own file (elasticctl tenant add|set, limit --persist of a tenant defined
     # there): <tenant_config_dir>/<tenant>.yaml, which an include glob must cover. None: tenants are not managed.
     tenant_config_dir: str | None = None
+    # elasticd's own files that outlive a reboot: the backups and lock files of the tenant files it edits.
+    state_dir: str = "/var/lib/elasticd"
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,17 +35,20 @@ class AdminClient:
         self.socket_path = socket_path
         self.timeout = timeout
 
-    async def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    async def request(self, method: str, path: str, body: Any = None, *, data: bytes | None = None,
+                      headers: dict[str, str] | None = None) -> tuple[int, Any]:
+        """``body`` is sent as JSON; ``data`` as it is (with its Content-Type in ``headers``)."""
         connector = aiohttp.UnixConnector(path=self.socket_path)
         timeout = aiohttp.ClientTimeout(total=self.timeout)
+        sent: dict[str, Any] = {"data": data, "headers": headers} if data is not None else {"json": body}
         try:
             async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session, \
-                    session.request(method, f"http://elasticd{path}", json=body) as response:
+                    session.request(method, f"http://elasticd{path}", **sent) as response:
                 try:
-                    data = await response.json(content_type=None)
+                    answer = await response.json(content_type=None)
                 except (json.JSONDecodeError, aiohttp.ContentTypeError):
-                    data = {"error": (await response.text()).strip()}
-                return response.status, data
+                    answer = {"error": (await response.text()).strip()}
+                return response.status, answer
         except aiohttp.ClientConnectorError as exc:
             # aiohttp's own text ("Cannot connect to unix socket … ssl:default [Errno 2] …") says more about aiohttp
             # than about elasticd: the OS's reason, and what to do about it.

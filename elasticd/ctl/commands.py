@@ -22,6 +22,7 @@ from elasticd.upgrade.report import describe as describe_upgrade
 
 from .client import DEFAULT_SOCKET, AdminClient, ApiError, CommandRefused, error_of
 from .render import render_limits, render_pool, render_status
+from .tenant import add_tenant_parser
 
 __all__ = ["main", "parser"]
 
@@ -33,7 +34,7 @@ async def _status(client: AdminClient, args: argparse.Namespace) -> int:
 
 
 async def _reload(client: AdminClient, args: argparse.Namespace) -> int:
-    code, data = await client.request("POST", "/v1/reload")
+    code, data = await client.request("POST", "/v1/reload?all=1" if args.all else "/v1/reload")
     if args.json:
         print(json.dumps(data, indent=2))
     if code != 200 or not data.get("ok"):  # (its JSON printed first all the same: the refusal is in it)
@@ -41,7 +42,9 @@ async def _reload(client: AdminClient, args: argparse.Namespace) -> int:
     for problem in data.get("problems", []):
         print(f"warning: {problem}", file=sys.stderr)
     if not args.json:
-        print("reloaded")
+        written = data.get("written", [])
+        print(f"reloaded: {len(written)} tenants' cgroup files written" + (f" ({', '.join(written[:5])}"
+              f"{f' and {len(written) - 5} more' if len(written) > 5 else ''})" if written else ""))
     return 0
 
 
@@ -268,6 +271,9 @@ def parser() -> argparse.ArgumentParser:
                          help="seconds to wait for the new image's report (default 120)")
     upgrade.set_defaults(run=_upgrade)
     reload = sub.add_parser("reload", help="re-read the config file (a refused file changes nothing)")
+    reload.add_argument("--all", action="store_true",
+                        help="parse every file again and write every tenant's cgroup files (a reload writes only "
+                             "the changed tenants')")
     reload.add_argument("--json", action="store_true")
     reload.set_defaults(run=_reload)
     _limit_parser(sub)
@@ -291,6 +297,7 @@ def parser() -> argparse.ArgumentParser:
     drain.add_argument("worker", metavar="WORKER_ID", help="tenant.app.group.N, as elasticctl pool shows it")
     drain.add_argument("--json", action="store_true")
     drain.set_defaults(run=_drain)
+    add_tenant_parser(sub)
     return p
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from secrets import token_hex
 
+from elasticd.atomic_file import fsync_dir, make_backup, unlink_quietly, write_new
 from elasticd.limits.splice import (
     LimitEdit,
     PersistError,
@@ -54,12 +54,12 @@ def _oserror(what: str, path: Path, exc: OSError) -> PersistError:
 
 
 @contextmanager
-def _locked(path: Path, timeout: float) -> Iterator[None]:
+def _locked(path: Path, timeout: float, lock: Path | None = None) -> Iterator[None]:
     deadline = time.monotonic() + timeout
     if not _THREAD_LOCK.acquire(timeout=timeout):
         raise PersistError(f"{path} is being edited by another request: gave up after {timeout:g}s")
     try:
-        lock = path.with_name(path.name + ".lock")
+        lock = lock if lock is not None else path.with_name(path.name + ".lock")
         try:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
@@ -105,88 +105,27 @@ def _remove_stale_tmps(path: Path) -> None:
                 os.unlink(path.parent / name)
 
 
-def _unlink_quietly(path: Path) -> None:
-    with suppress(OSError):
-        os.unlink(path)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _write_new(path: Path, data: bytes, st: os.stat_result) -> Path:
-    """Create ``path`` (O_EXCL) holding ``data`` with the owner and mode of ``st``, fsynced. On failure
-    nothing is left behind."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            # Owner first: chown clears set-id bits, chmod then puts the mode back exactly. Created 0600, so the
-            # text is never readable by more people than the original allows while it is being written.
-            own = os.fstat(fd)
-            if (own.st_uid, own.st_gid) != (st.st_uid, st.st_gid):
-                os.fchown(fd, st.st_uid, st.st_gid)
-            os.fchmod(fd, stat.S_IMODE(st.st_mode))
-            _write_all(fd, data)
-            # The data must be on disk before the rename makes it the config: otherwise a power cut just after
-            # the rename can leave a durable *name* for a file whose blocks were never written (an empty config).
-            os.fsync(fd)
-        finally:
-            os.close(fd)  # close can report a deferred write error too (NFS)
-    except BaseException:
-        _unlink_quietly(path)
-        raise
-    return path
-
-
-def _make_backup(path: Path, data: bytes, st: os.stat_result, now: datetime) -> Path:
-    """Keep the old file as ``<file>.bak.<time>``: a hard link to the old inode where the filesystem allows
-    (exact bytes, owner, mode and times, and no space needed on a full disk), else a copy."""
-    base = backup_name(path, now)
-    for n in range(1000):
-        candidate = base if n == 0 else base.with_name(f"{base.name}.{n}")
-        try:
-            os.link(path, candidate, follow_symlinks=False)
-            return candidate
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK, errno.EACCES, errno.ENOSYS):
-                raise
-        try:
-            return _write_new(candidate, data, st)
-        except FileExistsError:
-            continue
-    raise FileExistsError(errno.EEXIST, "too many backups with this timestamp", str(base))
-
-
-def _fsync_dir(directory: Path) -> None:
-    # rename() is atomic, but it is a change to the *directory*: until the directory itself is fsynced, a
-    # crash can bring back the old entry (or, on some filesystems, neither). fsync of the new file does not
-    # cover its name. Some filesystems do not support fsync on a directory (EINVAL): nothing more to do there.
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno != errno.EINVAL:
-            raise
-    finally:
-        os.close(fd)
+def _backup_path(target: Path, now: datetime, aside: Path | None) -> Path:
+    name = backup_name(target, now)
+    return aside / name.name if aside is not None else name
 
 
 def persist_limits(path: str | Path, tenant: str, edit: LimitEdit, *, now: datetime | None = None,
-                   timeout: float = 30.0) -> PersistResult:
+                   timeout: float = 30.0, aside: Path | None = None) -> PersistResult:
     """Write ``edit`` into ``tenants.<tenant>.resources`` of the config file at ``path``.
 
     Synchronous and thread-safe (call it through ``asyncio.to_thread``). Either the whole edit lands, with the
     old file kept as a backup, or PersistError is raised and the config is byte-identical and no temporary
     file is left behind (a writer killed outright leaves one, which the next call removes). Beside the config
-    it keeps ``<file>.lock`` (empty, never removed) and one ``<file>.bak.<time>`` per change (never rotated).
+    it keeps ``<file>.lock`` (empty, never removed) and one ``<file>.bak.<time>`` per change (never rotated); with
+    ``aside`` (a tenant's own file in server.tenant_config_dir, where nothing but tenant files may lie, and which
+    ``elasticctl tenant remove`` must leave empty of it), both go in that directory instead.
     """
     # A symlinked config is edited where it really lives: renaming over the link would replace the link.
     target = Path(os.path.realpath(path))
-    with _locked(target, timeout):
+    if aside is not None:
+        os.makedirs(aside, mode=0o750, exist_ok=True)
+    with _locked(target, timeout, aside / f"{target.name}.lock" if aside is not None else None):
         _remove_stale_tmps(target)
         try:
             with open(target, "rb") as f:
@@ -212,7 +151,7 @@ def persist_limits(path: str | Path, tenant: str, edit: LimitEdit, *, now: datet
         # directory: rename() cannot cross filesystems, and a copy across them would not be atomic.
         tmp = target.with_name(f"{_tmp_prefix(target)}{os.getpid()}-{token_hex(4)}.tmp")
         try:
-            _write_new(tmp, new_text.encode("utf-8"), st)
+            write_new(tmp, new_text.encode("utf-8"), st)
         except OSError as exc:
             unwritable = exc.errno in (errno.EACCES, errno.EROFS)  # the directory is; name it
             raise _oserror("write", target.parent if unwritable else target, exc) from None
@@ -221,19 +160,19 @@ def persist_limits(path: str | Path, tenant: str, edit: LimitEdit, *, now: datet
             now_st = os.stat(target)
             if (now_st.st_ino, now_st.st_size, now_st.st_mtime_ns) != (st.st_ino, st.st_size, st.st_mtime_ns):
                 raise PersistError(f"{target} changed while it was being edited; nothing was written, try again")
-            backup = _make_backup(target, data, st, now or datetime.now(UTC))
+            backup = make_backup(target, data, st, _backup_path(target, now or datetime.now(UTC), aside))
             try:
                 os.replace(tmp, target)
             except BaseException:
-                _unlink_quietly(backup)
+                unlink_quietly(backup)
                 raise
         except BaseException as exc:
-            _unlink_quietly(tmp)
+            unlink_quietly(tmp)
             if isinstance(exc, OSError):
                 raise _oserror("replace", target, exc) from None
             raise
         try:
-            _fsync_dir(target.parent)
+            fsync_dir(target.parent)
         except OSError as exc:
             raise PersistError(f"{target} was replaced (old file kept as {backup.name}) but its directory could "
                                f"not be synced: {exc.strerror or exc}") from None

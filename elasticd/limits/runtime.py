@@ -110,7 +110,12 @@ class RuntimeLimits:
         fields: dict[str, Any] = {k: (v if k == "io_weight" else str(v)) for k, v in typed.items()}
         edit = LimitEdit(**fields)
         try:
-            result = await asyncio.to_thread(persist_limits, self.config_path, tenant, edit)
+            config = self._config()
+            file = config.file_of(tenant)
+            # A tenant's own file: its lock and backups go aside, where they neither match an include nor stay
+            # behind when the tenant is removed.
+            aside = None if file == config.source else Path(config.server.state_dir) / "tenant-files"
+            result = await asyncio.to_thread(persist_limits, file, tenant, edit, aside=aside)
         except PersistError as exc:
             return LimitsReply(422, {"error": str(exc)})
         # The file carries these now: an override on top would hide a later edit of the file.

@@ -138,6 +138,10 @@ class Supervisor:
         """Whether any worker of this app is alive (its leaf must not be killed or removed meanwhile)."""
         return any((w.tenant, w.app) == (tenant, app) for w in self._alive.values())
 
+    def workers_of_tenant(self, tenant: str) -> int:
+        """How many of a tenant's workers are alive (a removal's reply says how many it stops)."""
+        return sum(1 for w in self._alive.values() if w.tenant == tenant)
+
     def apps_alive(self) -> set[tuple[str, str]]:
         """The (tenant, app) pairs with a worker alive (the sampler asks once a tick)."""
         return {(w.tenant, w.app) for w in self._alive.values()}
