@@ -33,16 +33,23 @@ def daemons(tmp_path):
 EXAMPLE_CONFIG = Path(__file__).resolve().parent.parent / "etc" / "elastic.yaml.example"
 
 
+def example_tenants() -> dict:
+    """The shipped example's tenants: its main file's and its included files' (etc/elastic.d/*.yaml)."""
+    tenants = dict(YAML(typ="safe").load(EXAMPLE_CONFIG.read_text()).get("tenants") or {})
+    for path in sorted((EXAMPLE_CONFIG.parent / "elastic.d").glob("*.yaml")):
+        tenants.update(YAML(typ="safe").load(path.read_text())["tenants"])
+    return tenants
+
+
 def example_users() -> list[str]:
     """The users the shipped example's tenants run as (the .deb's postinst and ./dev run create them)."""
-    tenants = YAML(typ="safe").load(EXAMPLE_CONFIG.read_text())["tenants"]
-    return sorted({str(t["user"]) for t in tenants.values() if t.get("user") is not None})
+    return sorted({str(t["user"]) for t in example_tenants().values() if t.get("user") is not None})
 
 
 def example_roots() -> list[tuple[str, str]]:
     """(user, app root) of each of the shipped example's apps (packaging/demo-tenants and the postinst make them)."""
-    tenants = YAML(typ="safe").load(EXAMPLE_CONFIG.read_text())["tenants"]
-    return sorted((str(t["user"]), str(app["root"])) for t in tenants.values() for app in t["apps"].values())
+    return sorted((str(t["user"]), str(app["root"])) for t in example_tenants().values()
+                  for app in t["apps"].values())
 
 
 @pytest.fixture(scope="session")

@@ -120,3 +120,22 @@ def test_a_python_command_brings_elasticds_own_interpreter_into_the_view():
 ])
 def test_the_innermost_pid_is_read_from_the_status_text(status, pid):
     assert innermost_pid(status) == pid
+
+
+def test_the_included_files_directories_and_elasticds_own_are_hidden_whole():
+    """One cover for /etc/elastic.d however many tenant files it holds; an include straight under /etc is hidden file
+    by file (covering /etc would hide the system); the state directory (backups of tenant files) too."""
+    from elasticd.config.model import Config, Isolation, Resources, Server, Tenant
+    from elasticd.supervisor.sandbox import sandbox_for
+
+    tenant = Tenant(name="acme", resources=Resources(), quotas=None, apps={},  # type: ignore[arg-type]
+                    run_as=RUN_AS, isolation=Isolation(home=None, writable=(), read_only=()))
+    files = {f"t{n}": f"/etc/elastic.d/t{n}.yaml" for n in range(2000)} | {"edge": "/etc/elastic-edge.yaml"}
+    config = Config(server=Server(tenant_config_dir="/etc/elastic.d", state_dir="/var/lib/elasticd"),
+                    tenants={"acme": tenant}, source="/etc/elastic.yaml",
+                    includes=("/etc/elastic.d/*.yaml", "/etc/elastic-*.yaml"), tenant_files=files)
+    view = sandbox_for(config, tenant)
+    assert view is not None
+    hidden = set(view.hidden)
+    assert {"/etc/elastic.yaml", "/etc/elastic.d", "/etc/elastic-edge.yaml", "/var/lib/elasticd"} <= hidden
+    assert "/etc" not in hidden and not [path for path in hidden if path.startswith("/etc/elastic.d/")]

@@ -37,6 +37,7 @@ The network is the host's: workers listen on Unix sockets, and their outbound tr
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -149,19 +150,22 @@ def tmp_dirs(tenant_tmp: str) -> tuple[str, str]:
 
 
 def sandbox_for(config: Config, tenant: Tenant) -> Sandbox | None:
-    """The tenant's view (None: not isolated). The config file is hidden, with every secret file it names."""
+    """The tenant's view (None: not isolated). The config file is hidden, with every secret file it names, and the
+    directories of its include: globs, server.tenant_config_dir and server.state_dir: each covered whole, once (a
+    host of 2,000 tenant files is one cover, not 2,000 per worker start)."""
     view = tenant.isolation
     if view is None:
         return None
     server = config.server
-    named = [config.source, *(f for f in _secret_files(config) if f is not None)]
+    named = [config.source, *(f for f in _secret_files(config) if f is not None),
+             *_include_covers(config), server.tenant_config_dir, server.state_dir]
     roots = tuple(dict.fromkeys(os.path.realpath(app.root) for app in tenant.apps.values()))
     # (A writable path inside a root is bound again on its own: its bind, unlike the root's, must succeed.)
     own = tuple(dict.fromkeys((*view.writable, *((view.home,) if view.home is not None else ()))))
     return Sandbox(tenant=tenant.name, roots=roots, read_write=own, read_only=view.read_only,
                    sockets=os.path.join(server.runtime_dir, "workers", tenant.name),
                    tmp=os.path.join(server.tmp_dir, tenant.name),
-                   hidden=tuple(dict.fromkeys((*SECRETS, *(p for p in named if os.path.isabs(p))))),
+                   hidden=tuple(dict.fromkeys((*SECRETS, *(p for p in named if p is not None and os.path.isabs(p))))),
                    inaccessible=inaccessible_path(server.runtime_dir))
 
 
@@ -174,6 +178,23 @@ def with_interpreter(sandbox: Sandbox, paths: Sequence[str]) -> Sandbox:
 def inaccessible_path(runtime_dir: str) -> str:
     """The empty mode-0000 file bound over hidden files (made by the supervisor at each activation)."""
     return os.path.join(runtime_dir, "inaccessible")
+
+
+# Directories a view must show: an include glob there is hidden file by file, never by covering the directory.
+_SHARED_DIRECTORIES = frozenset(("/", "/etc", "/usr", "/var", "/opt", "/srv", "/home", "/root", "/run", "/tmp"))
+
+
+def _include_covers(config: Config) -> list[str]:
+    """What hides the included files: each glob's directory, or (a directory every view needs, such as /etc) the
+    files it matches now, plus the tenants' own files."""
+    covers: list[str] = []
+    for pattern in config.includes:
+        directory = os.path.dirname(pattern)
+        if directory in _SHARED_DIRECTORIES or any(c in directory for c in "*?["):
+            covers += [path for path in config.tenant_files.values() if fnmatch.fnmatch(path, pattern)]
+        else:
+            covers.append(directory)
+    return covers
 
 
 def _secret_files(config: Config) -> list[str | None]:
