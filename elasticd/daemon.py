@@ -23,12 +23,14 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
 from elasticd import __version__
+from elasticd.accounting.activity import Activity
 from elasticd.accounting.sampler import Sampler
 from elasticd.agent.listener import AgentListener
 from elasticd.agent.rooms import AgentRooms
@@ -91,6 +93,7 @@ class Daemon:
         "_said",
         "_stop",
         "_tasks",
+        "activity",
         "agent",
         "api",
         "capacity",
@@ -169,7 +172,8 @@ class Daemon:
         # Capacity probes (seed 001): readings narrow the front's admission and feed the pool's occupancy.
         self.capacity = CapacityWiring(self.front, self.pool, self.supervisor)
         self.front.place = self.capacity.place
-        self.sampler = Sampler(interval=config.server.sample_interval)
+        self.activity = Activity()  # which apps /metrics shows their own series for
+        self.sampler = Sampler(interval=config.server.sample_interval, activity=self.activity)
         self.sampler.set_busy(self.supervisor.apps_alive)  # an app with a worker is read every tick, populated or not
         tenant_files = TenantFiles(lambda: self.config, self.change_tenant_file, self.supervisor.workers_of_tenant)
         self.control = DaemonControl(
@@ -180,10 +184,11 @@ class Daemon:
         self.monitor = MonitorPage(self.control.monitor_state)  # its credentials are read in run() (and at each reload)
         self.registry = RegistryPage(self.capacity.registry_apps)  # its secret too
         self.metrics = MetricsServer(server.metrics_listen, self.sampler, self._limits_in_force,
-                                     extra_collectors=[self.front.collector(), PoolCollector(self.pool),
+                                     extra_collectors=[self.front.collector(self._shown),
+                                                       PoolCollector(self.pool, self._shown),
                                                        ChannelCollector(self.channel),
                                                        CapacityCollector(self.capacity.state)],
-                                     routes=[self.monitor.add_routes, self.registry.add_routes])
+                                     routes=[self.monitor.add_routes, self.registry.add_routes], shown=self._shown)
         self.api = AdminApi(self.control, server.admin_socket, server.admin_group)
         # HAProxy's agent-check (server.agent_listen): each host's room, in HAProxy's own protocol.
         rooms = AgentRooms(self.pool, self.supervisor)
@@ -198,6 +203,9 @@ class Daemon:
         self.reexec = ReExec(self)
 
     # ------------------------------------------------------------------ wiring for the parts
+
+    def _shown(self, tenant: str, app: str) -> bool:
+        return self.activity.shown(tenant, app, time.monotonic())
 
     def _limits_in_force(self) -> dict[str, Resources]:
         return {name: self.limits.resources_of(name) for name in self.config.tenants}
@@ -271,6 +279,8 @@ class Daemon:
         server = config.server
         self.sampler.set_keep(max(CPU_SAMPLES, math.ceil(SMOOTHING_ROWS * server.occupancy_interval
                                                          / server.sample_interval) + 1))
+        self.activity.configure(server.metrics.window, server.metrics.app_series == "all")
+        self.activity.forget({(tenant.name, app.name) for tenant, app in config.apps()})
         # Each tenant's channel socket, in its own workers directory, before its workers start and announce.
         self.channel.configure(server.occupancy_interval)
         problems.extend(await self.channel.serve({t: channel_path(server.runtime_dir, t) for t in config.tenants},

@@ -78,7 +78,8 @@ class MetricsServer:
     def __init__(self, address: Address, sampler: SampleSource,
                  limits_provider: Callable[[], Mapping[str, Resources]],
                  extra_collectors: Iterable[Collector] = (),
-                 routes: Iterable[Callable[[web.Application], None]] = ()) -> None:
+                 routes: Iterable[Callable[[web.Application], None]] = (),
+                 shown: Callable[[str, str], bool] | None = None) -> None:
         self.address = address
         self._routes = list(routes)  # other pages on the same listener (the monitor's)
         self.port: int | None = None
@@ -86,7 +87,7 @@ class MetricsServer:
         # A private registry: nothing any library registers globally ends up on our page by surprise.
         self.registry = CollectorRegistry()
         self.registry.register(_BuildInfo())
-        self.registry.register(AccountingCollector(sampler, limits_provider))
+        self.registry.register(AccountingCollector(sampler, limits_provider, shown))
         self.registry.register(_Extra(self.extra_collectors))
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)

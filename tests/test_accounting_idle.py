@@ -146,3 +146,39 @@ def test_settle_read_catches_writeback_after_the_last_exit(tmp_path, sampler):
     for tick in range(2, SETTLE + 2):
         sampler.sample_once(float(tick))
     assert sampler.latest[key].memory_bytes == 1
+
+
+def test_activity_shows_an_app_while_active_and_for_the_window_after():
+    from elasticd.accounting.activity import Activity
+    activity = Activity(window=900.0)
+    assert not activity.shown("t", "a", 0.0)  # never active: hidden
+    activity.note("t", "a", 100.0)
+    assert activity.shown("t", "a", 100.0) and activity.shown("t", "a", 1000.0)
+    assert not activity.shown("t", "a", 1000.1) and activity.active_count(1000.1) == 0
+    activity.configure(900.0, show_all=True)
+    assert activity.shown("x", "y", 0.0)
+    activity.configure(900.0, show_all=False)
+    activity.forget(set())
+    assert not activity.shown("t", "a", 100.0)
+
+
+def test_metrics_show_tenants_always_and_only_the_apps_that_ran(tmp_path):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from elasticd.accounting.activity import Activity
+    from elasticd.accounting.tenant_metrics import AccountingCollector
+    activity = Activity(window=900.0)
+    sampler = Sampler(sys_root="/nonexistent", interval=INTERVAL, activity=activity)
+    targets = _host(tmp_path, 2, 3)
+    busy = {("t1", "a2")}
+    sampler.set_busy(lambda: busy)
+    sampler.set_targets(targets)
+    sampler.sample_once(1.0)
+    registry = CollectorRegistry()
+    registry.register(AccountingCollector(sampler, dict, lambda t, a: activity.shown(t, a, 1.0)))
+    text = generate_latest(registry).decode()
+    apps = {line.split("{")[1].split("}")[0] for line in text.splitlines() if line.startswith("elasticd_app_pids")}
+    assert apps == {'app="a2",tenant="t1"'} or apps == {'tenant="t1",app="a2"'}
+    assert text.count("elasticd_tenant_pids{") == 2  # every tenant, always
+    assert "elasticd_apps_shown 1.0" in text
+    sampler.close()

@@ -28,6 +28,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 from . import files as files_module
+from .activity import Activity
 from .cadence import Cadence, Key
 from .files import CgroupFiles, read_populated
 from .sample import FILES, Sample, SampleBuilder
@@ -86,6 +87,7 @@ def raise_fd_limit() -> int:
 
 class Sampler:
     __slots__ = (
+        "_activity",
         "_builders",
         "_busy",
         "_cadence",
@@ -104,8 +106,10 @@ class Sampler:
         "sys_root",
     )
 
-    def __init__(self, sys_root: str = "/sys", keep: int = 2, interval: float = 5.0) -> None:
+    def __init__(self, sys_root: str = "/sys", keep: int = 2, interval: float = 5.0,
+                 activity: Activity | None = None) -> None:
         self.sys_root = sys_root
+        self._activity = activity  # noted for each active app read (what /metrics shows: activity.py)
         self.keep = max(keep, 1)
         self._cadence = Cadence(interval)
         self._busy: Callable[[], Collection[tuple[str, str]]] = frozenset
@@ -187,7 +191,7 @@ class Sampler:
         self._tick = tick = self._tick + 1
         busy_apps = self._busy()
         busy_tenants = {tenant for tenant, _app in busy_apps}
-        paths, due, read = self._paths, self._cadence.due, self._read
+        paths, due, read, activity = self._paths, self._cadence.due, self._read, self._activity
         latest = dict(self._latest)
         reads = 0
         for tenant, tenant_key, app_keys in self._layout:
@@ -200,6 +204,8 @@ class Sampler:
                 if due(key, active, tick):
                     latest[key] = read(key, active, now, tick)
                     reads += 1
+                if active and activity is not None:
+                    activity.note(tenant, key[2], now)
             if tenant_key is not None:
                 active = populated is not False or tenant in busy_tenants
                 if due(tenant_key, active, tick):

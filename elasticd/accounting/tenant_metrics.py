@@ -95,11 +95,13 @@ class AccountingCollector(Collector):
     """The elasticd_tenant_* and elasticd_app_* families, from the sampler's latest pass and the limits in
     force (``limits_provider``: tenant → Resources, run-time overrides included)."""
 
-    __slots__ = ("limits_provider", "sampler")
+    __slots__ = ("limits_provider", "sampler", "shown")
 
-    def __init__(self, sampler: SampleSource, limits_provider: Callable[[], Mapping[str, Resources]]) -> None:
+    def __init__(self, sampler: SampleSource, limits_provider: Callable[[], Mapping[str, Resources]],
+                 shown: Callable[[str, str], bool] | None = None) -> None:
         self.sampler = sampler
         self.limits_provider = limits_provider
+        self.shown = shown  # which apps' own series are exported (accounting/activity.py); None: every app's
 
     def describe(self) -> list[Metric]:
         return []  # names vary with the samples: nothing to check at registration, no collect() then
@@ -107,10 +109,11 @@ class AccountingCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         latest = self.sampler.latest  # one pass's dict, replaced whole by the sampler: consistent
         groups: dict[str, list[tuple[dict[str, str], Sample]]] = {"tenant": [], "app": []}
+        shown = self.shown
         for key, sample in latest.items():
             if key[0] == "tenant":
                 groups["tenant"].append(({"tenant": key[1]}, sample))
-            elif key[0] == "app":
+            elif key[0] == "app" and (shown is None or shown(key[1], key[2])):
                 groups["app"].append(({"tenant": key[1], "app": key[2]}, sample))
         for kind, rows in groups.items():
             prefix = f"elasticd_{kind}"
@@ -121,8 +124,11 @@ class AccountingCollector(Collector):
         if duration is not None:
             yield GaugeMetricFamily("elasticd_sampler_duration_seconds",
                                     "Wall time of the last cgroup sampling pass.", value=duration)
-        yield GaugeMetricFamily("elasticd_sampler_cgroups", "Cgroups sampled on each pass (tenants and apps).",
+        yield GaugeMetricFamily("elasticd_sampler_cgroups", "Cgroups sampled (tenants and apps), idle ones too.",
                                 value=len(latest))
+        yield GaugeMetricFamily("elasticd_apps_shown", "Apps whose own series this page exports (active within "
+                                "server.metrics.window, or every app with app_series: all).",
+                                value=len(groups["app"]))
 
 
 def _family(name: str, kind: str, help_text: str, labels: list[str]) -> Metric:

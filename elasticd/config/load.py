@@ -38,6 +38,7 @@ from elasticd.config.model import (
     CgroupSettings,
     Config,
     Group,
+    MetricsSettings,
     MonitorAuth,
     PoolSettings,
     QueueSettings,
@@ -81,7 +82,7 @@ _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SERVER_KEYS = ("listen", "metrics_listen", "admin_socket", "admin_group", "runtime_dir", "cgroups",
                 "sample_interval", "occupancy_interval", "request_timeout", "stop_timeout", "user_ttl",
                 "hung_after", "move_timeout", "monitor", "registry", "agent_listen", "stop_drain", "tmp_dir",
-                "tenant_config_dir", "state_dir")
+                "tenant_config_dir", "state_dir", "metrics")
 _TENANT_KEYS = ("user", "group", "resources", "quotas", "apps", "isolation")
 _RESOURCE_KEYS = ("cpu", "memory", "swap", "pids", "io_weight", "io_bandwidth")
 _QUOTA_KEYS = ("max_concurrent_requests", "requests_per_second", "burst")
@@ -118,6 +119,7 @@ def _server(walk: Walk, node: Any, line: int | None) -> Server:
         tmp_dir=walk.value(m, "tmp_dir", "server", absolute_path, d.tmp_dir),
         tenant_config_dir=walk.value(m, "tenant_config_dir", "server", _path, None),
         state_dir=walk.value(m, "state_dir", "server", absolute_path, d.state_dir),
+        metrics=_metrics(walk, m),
         listen=walk.value(m, "listen", "server", address, d.listen),
         metrics_listen=walk.value(m, "metrics_listen", "server", address, d.metrics_listen),
         admin_socket=walk.value(m, "admin_socket", "server", absolute_path, d.admin_socket),
@@ -132,6 +134,21 @@ def _server(walk: Walk, node: Any, line: int | None) -> Server:
         hung_after=hung_after,
         move_timeout=walk.value(m, "move_timeout", "server", duration, d.move_timeout),
     )
+
+
+def _metrics(walk: Walk, server: dict[Any, Any]) -> MetricsSettings:
+    m = walk.mapping(server.get("metrics"), "server.metrics", walk.key_line(server, "metrics"),
+                     ("app_series", "window"))
+    d = MetricsSettings()
+    return MetricsSettings(app_series=walk.value(m, "app_series", "server.metrics", _app_series, d.app_series),
+                           window=walk.value(m, "window", "server.metrics", duration, d.window))
+
+
+def _app_series(value: Any) -> str:
+    text = string(value)
+    if text not in ("active", "all"):
+        raise ValueError(f'"{text}" is not active or all')
+    return text
 
 
 def _path(value: Any) -> str:

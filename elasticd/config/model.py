@@ -31,6 +31,14 @@ class CgroupSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsSettings:
+    """``server.metrics``: which apps' own series /metrics shows (accounting/activity.py)."""
+
+    app_series: str = "active"  # active: apps active within the window; all: every app's
+    window: float = 900.0
+
+
+@dataclass(frozen=True, slots=True)
 class MonitorAuth:
     """``server.monitor``: basic auth for the monitor page (it shows user names). The password is the first line
     of ``password_file``, read by the daemon at start and at each reload (monitor/auth.py)."""
@@ -77,6 +85,7 @@ class Server:
     tenant_config_dir: str | None = None
     # elasticd's own files that outlive a reboot: the backups and lock files of the tenant files it edits.
     state_dir: str = "/var/lib/elasticd"
+    metrics: MetricsSettings = MetricsSettings()
 
 
 @dataclass(frozen=True, slots=True)

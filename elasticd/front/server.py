@@ -186,9 +186,11 @@ class Front:
         self.stale_after = request_timeout + STALE_MARGIN
         self.surface.ttl = user_ttl
 
-    def collector(self) -> FrontCollector:
-        """For the metrics server's registry: requests, latency and quota refusals."""
-        return FrontCollector(self.forwards, lambda: list(self.quotas.tenants), self.queue.depths, self.groups)
+    def collector(self, shown: Callable[[str, str], bool] | None = None) -> FrontCollector:
+        """For the metrics server's registry: requests, latency and quota refusals. ``shown``: the apps whose idle
+        groups still show their (zero) queue series; a group that queued anything always does."""
+        groups = self.groups if shown is None else (lambda: [g for g in self.groups() if shown(g[0], g[1])])
+        return FrontCollector(self.forwards, lambda: list(self.quotas.tenants), self.queue.depths, groups)
 
     def groups(self) -> list[tuple[str, str, str]]:
         """Every routed group, as (tenant, app, group)."""

@@ -4,7 +4,7 @@ outcome and duration."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -21,10 +21,11 @@ DECISIONS = ("keep", "pass", "admit", "fallback", "scale-up", "held", "compactio
 
 
 class PoolCollector(Collector):
-    __slots__ = ("_pool",)
+    __slots__ = ("_pool", "_shown")
 
-    def __init__(self, pool: PoolManager) -> None:
+    def __init__(self, pool: PoolManager, shown: Callable[[str, str], bool] | None = None) -> None:
         self._pool = pool
+        self._shown = shown  # which apps' groups show a worker count of 0 (accounting/activity.py); None: all
 
     def describe(self) -> list[Metric]:
         return []
@@ -39,8 +40,10 @@ class PoolCollector(Collector):
         for key, worker_id, value in self._pool.occupancies():
             occupancy.add_metric([*key, worker_id], value)
             sizes[key] = sizes.get(key, 0) + 1
+        shown = self._shown
         for key in self._pool.groups():
-            workers.add_metric(list(key), sizes.get(key, 0))
+            if sizes.get(key) or shown is None or shown(key[0], key[1]):
+                workers.add_metric(list(key), sizes.get(key, 0))
         decisions = CounterMetricFamily("elasticd_pool_decisions", "Pool decisions taken, by group and kind.",
                                         labels=["tenant", "app", "group", "decision"])
         # A group that never had a worker nor a decision (at zero, idle: most of a host of idle tenants) has no
