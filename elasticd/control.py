@@ -23,7 +23,7 @@ from elasticd.monitor.population import fuse, population_counts
 from elasticd.pool.channel_server import ChannelServer
 from elasticd.pool.manager import PoolManager
 from elasticd.probes.wiring import CapacityWiring
-from elasticd.supervisor.sandbox import sandbox_for
+from elasticd.supervisor.sandbox import hidden_for, sandbox_for
 from elasticd.supervisor.supervisor import Supervisor
 from elasticd.tenant_files.runtime import TenantFiles, TenantReply
 
@@ -201,6 +201,7 @@ class DaemonControl:
         workers = self._supervisor.status()
         users = self._front.surface.count_by_group()
         tenants: dict[str, Any] = {}
+        hidden = hidden_for(self.config)
         for tenant in self.config.tenants.values():
             apps: dict[str, Any] = {}
             for app in tenant.apps.values():
@@ -220,7 +221,7 @@ class DaemonControl:
             tenants[tenant.name] = {"limits": self._limits.describe(tenant.name), "apps": apps,
                                     "user": None if run_as is None else {"name": run_as.user, "uid": run_as.uid,
                                                                          "group": run_as.group, "gid": run_as.gid},
-                                    "isolation": (view.describe() if (view := sandbox_for(self.config, tenant))
+                                    "isolation": (view.describe() if (view := sandbox_for(self.config, tenant, hidden))
                                                   is not None else None)}
         last = self._last_reload()
         return {

@@ -265,9 +265,11 @@ class Daemon:
         problems = self.cgroups.write(config, lambda t: effective(config.tenants[t].resources,
                                                                    self.limits.overrides.get(t, {})), only=written)
         self.last_written = written
-        self._controllers = self.cgroups.controllers(config)
+        fresh = self.cgroups.controllers(config, only=written)  # (the others' are as they were read last)
+        self._controllers = {name: fresh.get(name, self._controllers.get(name, frozenset()))
+                             for name in config.tenants}
         # Routes first: a removed app stops receiving traffic before its workers are stopped.
-        self.front.set_routes(RouteTable.from_config(config))
+        self.front.set_routes(RouteTable.from_config(config, self.front.routes))
         self.front.set_quotas(_quotas(config))
         self.front.configure(request_timeout=config.server.request_timeout, user_ttl=config.server.user_ttl,
                              move_timeout=config.server.move_timeout)
@@ -280,7 +282,7 @@ class Daemon:
         self.sampler.set_keep(max(CPU_SAMPLES, math.ceil(SMOOTHING_ROWS * server.occupancy_interval
                                                          / server.sample_interval) + 1))
         self.activity.configure(server.metrics.window, server.metrics.app_series == "all")
-        self.activity.forget({(tenant.name, app.name) for tenant, app in config.apps()})
+        self.activity.forget(lambda tenant, app: tenant in config.tenants and app in config.tenants[tenant].apps)
         # Each tenant's channel socket, in its own workers directory, before its workers start and announce.
         self.channel.configure(server.occupancy_interval)
         problems.extend(await self.channel.serve({t: channel_path(server.runtime_dir, t) for t in config.tenants},

@@ -158,7 +158,7 @@ def test_activity_shows_an_app_while_active_and_for_the_window_after():
     activity.configure(900.0, show_all=True)
     assert activity.shown("x", "y", 0.0)
     activity.configure(900.0, show_all=False)
-    activity.forget(set())
+    activity.forget(lambda tenant, app: False)
     assert not activity.shown("t", "a", 100.0)
 
 

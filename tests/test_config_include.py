@@ -166,3 +166,21 @@ def test_an_unchanged_file_keeps_its_tenants_and_a_changed_one_is_read_again(hos
     assert len(cache.entries) == 2
     (confd / "globex.yaml").unlink()
     assert list(load_config(main, cache).tenants) == ["acme"] and len(cache.entries) == 1
+
+
+def test_a_tenant_opening_its_own_root_cannot_stop_the_others_reloads(host):
+    """A hostile tenant owns its root and may chmod it o+w: the reload of another tenant's change goes through;
+    its own next change is refused, naming the root."""
+    main, confd, root, _write_main, write_tenant = host
+    mine = root.parent / "acme-root"
+    mine.mkdir(mode=0o755)
+    write_tenant("acme", f"tenants:\n  acme:\n    {_app('acmeapp', mine)}\n")
+    write_tenant("globex")
+    cache = ParsedFiles()
+    load_config(main, cache)
+    os.chmod(mine, 0o777)
+    write_tenant("globex", f"tenants:\n  globex:\n    resources: {{cpu: 50%}}\n    {_app('globexapp', root)}\n")
+    assert load_config(main, cache).tenants["globex"].resources.cpu == 50.0
+    write_tenant("acme", f"tenants:\n  acme:\n    resources: {{cpu: 10%}}\n    {_app('acmeapp', mine)}\n")
+    with pytest.raises(ConfigError, match="is writable by everyone"):
+        load_config(main, cache)

@@ -97,3 +97,18 @@ def test_without_bubblewrap_an_isolated_tenant_is_refused_at_load(tmp_path, monk
                       f"({tmp_path}/no-bwrap), which is not installed here: apt install bubblewrap, or say "
                       "isolation: {enabled: false}"]
     assert parse_config(_config(tmp_path, "    isolation: {enabled: false}\n")).tenants["acme"].isolation is None
+
+
+def test_a_view_is_checked_against_every_other_root_by_prefix_not_by_pairs():
+    """The index behind the view check (checks._Roots): roots a path holds, and roots it lies inside, with names
+    that sort between a root and its children ("/srv/a-x" between "/srv/a" and "/srv/a/b")."""
+    from elasticd.config.checks import _exposes, _Roots
+    roots = _Roots({"/srv/a": ["a"], "/srv/a-x": ["ax"], "/srv/a/b": ["b"], "/srv/c": ["c"]})
+    assert sorted(roots.held_by("/srv/a")) == ["/srv/a", "/srv/a/b"]
+    assert list(roots.around("/srv/a/b/uploads")) == ["/srv/a/b", "/srv/a"]
+    assert _exposes("/srv/a", "a", roots, "/run/elasticd") == (
+        "holds tenant b's root /srv/a/b: it cannot be in another tenant's view")
+    assert _exposes("/srv/a/b/up", "b", roots, "/run/elasticd") == (
+        "lies inside tenant a's root /srv/a: it cannot be in another tenant's view")
+    assert _exposes("/srv/a-x", "ax", roots, "/run/elasticd") is None
+    assert "runtime directory" in _exposes("/run", "c", roots, "/run/elasticd")

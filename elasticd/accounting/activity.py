@@ -16,7 +16,7 @@ the tenant's series, always there: alert on ``elasticd_tenant_memory_events_tota
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Callable
 
 __all__ = ["Activity"]
 
@@ -45,6 +45,6 @@ class Activity:
     def active_count(self, now: float) -> int:
         return sum(1 for last in self._last.values() if now - last <= self.window)
 
-    def forget(self, keep: Container[tuple[str, str]]) -> None:
-        """Drop the apps a reload removed."""
-        self._last = {key: last for key, last in self._last.items() if key in keep}
+    def forget(self, configured: Callable[[str, str], bool]) -> None:
+        """Drop the apps a reload removed (a pass over the apps ever active, not over every app configured)."""
+        self._last = {key: last for key, last in self._last.items() if configured(*key)}

@@ -77,7 +77,7 @@ def _open_below_ceiling(path: str | Path, flags: int, dir_fd: int | None = None)
     return fd
 
 
-def read_populated(path: Path) -> bool | None:
+def read_populated(path: str | Path) -> bool | None:
     """Whether the cgroup at ``path`` has a process in it or below it (``cgroup.events``), None where the file
     cannot be read (a fake tree has none; a removed cgroup)."""
     try:
@@ -95,7 +95,7 @@ def read_populated(path: Path) -> bool | None:
     return False if b"populated 0" in data else None
 
 
-def read_transient(path: Path, names: Sequence[str] = FILES) -> list[bytes | None]:
+def read_transient(path: str | Path, names: Sequence[str] = FILES) -> list[bytes | None]:
     """Every file's content with descriptors opened and closed here (None where missing or refused)."""
     try:
         directory = _open_below_ceiling(path, _DIR_FLAGS)
@@ -108,7 +108,7 @@ def read_transient(path: Path, names: Sequence[str] = FILES) -> list[bytes | Non
             try:
                 fd = _open_below_ceiling(name, _FLAGS, dir_fd=directory)
             except OSError as exc:
-                _note_open_error(exc, path / name)
+                _note_open_error(exc, os.path.join(path, name))
                 contents.append(None)
                 continue
             try:
@@ -146,8 +146,8 @@ class CgroupFiles:
 
     __slots__ = ("_dir", "_fds", "_kernfs", "_misses", "_retry_at", "names", "path")
 
-    def __init__(self, path: Path, names: Sequence[str] = FILES) -> None:
-        self.path = path
+    def __init__(self, path: str | Path, names: Sequence[str] = FILES) -> None:
+        self.path = os.fspath(path)
         self.names = tuple(names)
         self._dir: int | None = None
         self._kernfs = False  # on the cgroup2 file system, where a removal shows as ENODEV
@@ -202,7 +202,7 @@ class CgroupFiles:
         try:
             fd = _open_below_ceiling(self.names[i], _FLAGS, dir_fd=self._dir)
         except OSError as exc:
-            _note_open_error(exc, self.path / self.names[i])
+            _note_open_error(exc, os.path.join(self.path, self.names[i]))
             misses = self._misses[i] = self._misses[i] + 1
             self._retry_at[i] = tick + min(1 << (misses - 1), _MAX_BACKOFF)
             return None
@@ -245,7 +245,7 @@ class CgroupFiles:
                 fds[i] = None
                 self._misses[i] += 1
                 self._retry_at[i] = tick + 1
-                log.debug("cannot read %s: %s", self.path / self.names[i], exc)
+                log.debug("cannot read %s: %s", os.path.join(self.path, self.names[i]), exc)
         if self._kernfs and not any(fd is not None for fd in fds):
             # On cgroupfs, nothing open means nothing to report a removal (ENODEV): reopen the directory
             # next tick, so a group removed and made again is found (rare: every cgroup has cpu.stat).
@@ -253,7 +253,7 @@ class CgroupFiles:
         return contents
 
 
-def _note_open_error(exc: OSError, path: Path) -> None:
+def _note_open_error(exc: OSError, path: str | Path) -> None:
     global _emfile_logged
     if exc.errno in (errno.EMFILE, errno.ENFILE):
         if not _emfile_logged:

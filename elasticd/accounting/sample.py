@@ -73,7 +73,20 @@ def _events(text: str) -> dict[str, int]:
 Parser = Callable[[str], object]
 
 
+_PARSERS: dict[frozenset[str], tuple[Parser, ...]] = {}
+
+
 def _parsers(skip_devices: Container[str]) -> tuple[Parser, ...]:
+    """The parsers for these stacked devices, made once per set (a builder per cgroup asks for them)."""
+    if isinstance(skip_devices, frozenset):
+        made = _PARSERS.get(skip_devices)
+        if made is None:
+            made = _PARSERS[skip_devices] = _make_parsers(skip_devices)
+        return made
+    return _make_parsers(skip_devices)
+
+
+def _make_parsers(skip_devices: Container[str]) -> tuple[Parser, ...]:
     """One parser per file of FILES, in order: a list/tuple for cpu.stat (6) and io.stat (4), else a value."""
     def io(text: str) -> tuple[int, int, int, int]:
         return io_totals(text, skip_devices)

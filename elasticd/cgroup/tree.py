@@ -207,9 +207,12 @@ class CgroupTree:
         self._enable(path, self._available(path, self.tenants_dir))
         return path
 
-    def ensure_app(self, tenant: str, app: str) -> Path:
-        """Create the tenant group (if needed) and the app's leaf; return the leaf."""
-        self.ensure_tenant(tenant)
+    def ensure_app(self, tenant: str, app: str, tenant_ready: bool = False) -> Path:
+        """Create the tenant group (unless ``tenant_ready``: the caller just did) and the app's leaf; return the
+        leaf. (A host of 10,000 apps made each tenant's group again for each of its apps: a mkdir, a read of
+        cgroup.controllers and a write of cgroup.subtree_control per app, for nothing.)"""
+        if not tenant_ready:
+            self.ensure_tenant(tenant)
         path = self.leaf(tenant, app)
         path.mkdir(exist_ok=True)
         return path
@@ -218,11 +221,13 @@ class CgroupTree:
         """The controllers the tenant group has, i.e. whose limit files can be written in it."""
         return self._available(self.tenant_dir(tenant), self.tenants_dir)
 
-    def apply_limits(self, tenant: str, resources: Resources, roots: Sequence[str]) -> list[str]:
-        """Write the tenant's limits (every activation). Returns this activation's problems; each is logged
-        (a repeated write error, or a root on no block device, only the first time)."""
+    def apply_limits(self, tenant: str, resources: Resources, roots: Sequence[str],
+                     tenant_ready: bool = False) -> list[str]:
+        """Write the tenant's limits (each activation that changed it). Returns this activation's problems; each
+        is logged (a repeated write error, or a root on no block device, only the first time). ``tenant_ready``:
+        the caller made its group just now (its controllers are the ones just enabled)."""
         try:
-            path = self.ensure_tenant(tenant)
+            path = self.tenant_dir(tenant) if tenant_ready else self.ensure_tenant(tenant)
         except OSError as exc:
             message = f"tenant {tenant}: cannot create its cgroup: {_describe(exc)}"
             log.warning("%s", message)

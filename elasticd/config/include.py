@@ -25,7 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MAX_BYTES", "Included", "ParsedFiles", "Stamp", "expand", "glob_covers", "owned_by_tenant", "read_included"]
+__all__ = ["MAX_BYTES", "Included", "ParsedFiles", "Stamp", "check_included", "expand", "glob_covers",
+           "owned_by_tenant", "read_included"]
 
 MAX_BYTES = 4 << 20
 
@@ -83,8 +84,9 @@ def _writers(info: os.stat_result) -> str | None:
     return None
 
 
-def read_included(pattern: str, path: str) -> Included:
-    """One match of ``pattern``, read with its stamp, or the reason it is refused."""
+def check_included(pattern: str, path: str, folders: dict[str, os.stat_result] | None = None) -> Included:
+    """One match of ``pattern`` looked at, not read: its stamp and owners, or the reason it is refused. ``folders``
+    caches each directory's stat over one load (2,000 files in one directory: one stat of it)."""
     try:
         link = os.lstat(path)
         if stat.S_ISLNK(link.st_mode):
@@ -93,11 +95,18 @@ def read_included(pattern: str, path: str) -> Included:
             if os.path.dirname(target) != home:
                 return Included(path, problem=f"is a symbolic link to {target}, outside {home}: an included file "
                                               "must live in the include's directory")
-        info = os.stat(path)
+            info = os.stat(path)
+        else:
+            info = link
         if not stat.S_ISREG(info.st_mode):
             return Included(path, problem="is not a regular file")
+        directory = os.path.dirname(path) or "."
+        folder = folders.get(directory) if folders is not None else None
+        if folder is None:
+            folder = os.stat(directory)
+            if folders is not None:
+                folders[directory] = folder
         why = _writers(info)
-        folder = os.stat(os.path.dirname(path) or ".")
         if why is None:
             why = _writers(folder)
             if why is not None:
@@ -106,16 +115,30 @@ def read_included(pattern: str, path: str) -> Included:
             return Included(path, problem=f"{why}: a tenant who could write it could raise its own limits")
         if info.st_size > MAX_BYTES:
             return Included(path, problem=f"is {info.st_size} bytes, over the {MAX_BYTES} an included file may be")
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_BYTES + 1)
-            after = Stamp.of(os.fstat(handle.fileno()))
     except OSError as exc:
         return Included(path, problem=f"cannot be read: {exc.strerror or exc}")
+    return Included(path, Stamp.of(info), owners=(info.st_uid, folder.st_uid))
+
+
+def read_included(pattern: str, path: str, checked: Included | None = None) -> Included:
+    """One match of ``pattern``, read with its stamp (as read: a file replaced between the look and the read is
+    taken as read), or the reason it is refused."""
+    looked = checked if checked is not None else check_included(pattern, path)
+    if looked.problem is not None:
+        return looked
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_BYTES + 1)
+            info = os.fstat(handle.fileno())
+    except OSError as exc:
+        return Included(path, problem=f"cannot be read: {exc.strerror or exc}")
+    if len(data) > MAX_BYTES or _writers(info) is not None:
+        return check_included(pattern, path)  # (it changed under us: say why as a look says it)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         return Included(path, problem=f"is not UTF-8 (byte {exc.start})")
-    return Included(path, after, text, owners=(info.st_uid, folder.st_uid))
+    return Included(path, Stamp.of(info), text, owners=(info.st_uid, looked.owners[1]))
 
 
 def owned_by_tenant(included: Included, tenant_uids: Mapping[int, str]) -> str | None:

@@ -26,6 +26,7 @@ from elasticd.config.include import (
     Included,
     ParsedFiles,
     Stamp,
+    check_included,
     expand,
     glob_covers,
     owned_by_tenant,
@@ -600,18 +601,24 @@ def _assemble(text: str, source: str, cache: ParsedFiles | None, *, lines: bool,
         files[tname], nodes[tname], nodes.lines[tname] = source, child, tline
     kept: dict[str, tuple[Stamp, Mapping[str, Any]]] = {}
     taken: list[Included] = []
+    folders: dict[str, os.stat_result] = {}
+    unchanged: set[str] = set()  # the tenants of files taken from the cache
     for pattern, path in _matches(globs, overlay):
         if path in overlay:
             body = overlay[path] or ""
             included = Included(path, Stamp(-1, -1, len(body), -1, -1), body)  # (no cache entry has such a stamp)
         else:
-            included = read_included(pattern, path)
-        if included.problem is not None or included.text is None or included.stamp is None:
+            included = check_included(pattern, path, folders)  # (a look: an unchanged file is not read)
+        built = cache.get(included) if cache is not None and included.problem is None else None
+        if built is not None:
+            unchanged.update(built)
+        if built is None and included.text is None and included.problem is None:
+            included = read_included(pattern, path, included)
+        if included.problem is not None or included.stamp is None:
             walk.error("include", walk.key_line(top, "include"), f"{path} {included.problem}")
             continue
-        built = cache.get(included) if cache is not None else None
         if built is None:
-            built = _included_tenants(walk, included.text, path, lines)
+            built = _included_tenants(walk, included.text or "", path, lines)
             if built is None:
                 continue
         kept[path] = (included.stamp, built)
@@ -632,7 +639,7 @@ def _assemble(text: str, source: str, cache: ParsedFiles | None, *, lines: bool,
         if (why := owned_by_tenant(included, tenant_uids)) is not None:
             walk.error("include", walk.key_line(top, "include"), f"{included.path} {why}")
     if not walk.issues:
-        check_document(walk, server, tenants, {"tenants": nodes} if lines else _NoLines())
+        check_document(walk, server, tenants, {"tenants": nodes} if lines else _NoLines(), unchanged)
     if walk.issues:
         if not lines:
             raise _NeedLines()

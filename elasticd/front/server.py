@@ -167,6 +167,10 @@ class Front:
 
     # ------------------------------------------------------------------ configuration (reload)
 
+    @property
+    def routes(self) -> RouteTable:
+        return self._routes
+
     def set_routes(self, routes: RouteTable) -> None:
         """Swap the table; requests already routed finish where they are (those waiting for a group at zero that
         the new table no longer has are decided again at the next tick: ``_tick_waking``)."""

@@ -45,7 +45,8 @@ from dataclasses import dataclass, replace
 from elasticd.config.isolation import BWRAP, inside
 from elasticd.config.model import Config, Tenant
 
-__all__ = ["SECRETS", "SYSTEM_READ_ONLY", "SYSTEM_TRY", "Mask", "Sandbox", "inaccessible_path", "sandbox_for",
+__all__ = ["SECRETS", "SYSTEM_READ_ONLY", "SYSTEM_TRY", "Mask", "Sandbox", "hidden_for", "inaccessible_path",
+           "sandbox_for",
            "tmp_dirs", "with_interpreter"]
 
 # Shown read-only to every isolated worker. /usr and /etc must exist; the rest as the host has them (a merged-/usr
@@ -149,7 +150,17 @@ def tmp_dirs(tenant_tmp: str) -> tuple[str, str]:
     return f"{tenant_tmp}/tmp", f"{tenant_tmp}/var-tmp"
 
 
-def sandbox_for(config: Config, tenant: Tenant) -> Sandbox | None:
+def hidden_for(config: Config) -> tuple[str, ...]:
+    """What every isolated tenant's view hides: SECRETS, the config file and every secret file it names, the
+    included files. The same for every tenant of a config: computed once per activation (hidden_for is a pass
+    over every group; once per group, it was quadratic in the apps)."""
+    server = config.server
+    named = [config.source, *(f for f in _secret_files(config) if f is not None),
+             *_include_covers(config), server.tenant_config_dir, server.state_dir]
+    return tuple(dict.fromkeys((*SECRETS, *(p for p in named if p is not None and os.path.isabs(p)))))
+
+
+def sandbox_for(config: Config, tenant: Tenant, hidden: tuple[str, ...] | None = None) -> Sandbox | None:
     """The tenant's view (None: not isolated). The config file is hidden, with every secret file it names, and the
     directories of its include: globs, server.tenant_config_dir and server.state_dir: each covered whole, once (a
     host of 2,000 tenant files is one cover, not 2,000 per worker start)."""
@@ -157,15 +168,13 @@ def sandbox_for(config: Config, tenant: Tenant) -> Sandbox | None:
     if view is None:
         return None
     server = config.server
-    named = [config.source, *(f for f in _secret_files(config) if f is not None),
-             *_include_covers(config), server.tenant_config_dir, server.state_dir]
     roots = tuple(dict.fromkeys(os.path.realpath(app.root) for app in tenant.apps.values()))
     # (A writable path inside a root is bound again on its own: its bind, unlike the root's, must succeed.)
     own = tuple(dict.fromkeys((*view.writable, *((view.home,) if view.home is not None else ()))))
     return Sandbox(tenant=tenant.name, roots=roots, read_write=own, read_only=view.read_only,
                    sockets=os.path.join(server.runtime_dir, "workers", tenant.name),
                    tmp=os.path.join(server.tmp_dir, tenant.name),
-                   hidden=tuple(dict.fromkeys((*SECRETS, *(p for p in named if p is not None and os.path.isabs(p))))),
+                   hidden=hidden if hidden is not None else hidden_for(config),
                    inaccessible=inaccessible_path(server.runtime_dir))
 
 

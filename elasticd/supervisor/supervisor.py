@@ -19,14 +19,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from elasticd.background import Background
 from elasticd.config.model import Config, RunAs
 from elasticd.supervisor.lifecycle import COUNTED, WILL_SERVE, WorkerState
 from elasticd.supervisor.plan import Desired, GroupKey, Plan, Running, plan
-from elasticd.supervisor.sandbox import inaccessible_path, sandbox_for, tmp_dirs
+from elasticd.supervisor.sandbox import hidden_for, inaccessible_path, sandbox_for, tmp_dirs
 from elasticd.supervisor.spawn import WorkerSpec, socket_dir, spec_for
 from elasticd.supervisor.worker_process import Adopt, Worker, journal_for_workers
 from elasticd.worker_ids import format_worker_id
@@ -75,7 +75,9 @@ class _Group:
 
 
 class Supervisor:
-    __slots__ = ("_alive", "_background", "_counters", "_groups", "_lock", "carried_in", "changes", "leaf_for",
+    __slots__ = ("_alive", "_background", "_counters", "_desired", "_groups", "_lock", "_rebuilt", "carried_in",
+                 "changes",
+                 "leaf_for",
                  "occupancy_interval", "on_worker_state", "runtime_dir", "start_wait", "stop_timeout", "stopping",
                  "systemd_cat", "wait_drained")
 
@@ -95,6 +97,9 @@ class Supervisor:
         # state. Whoever caches a view of the routable workers compares it (the daemon's routing for the front).
         self.changes = 0
         self._groups: dict[GroupKey, _Group] = {}
+        # The last desired() per tenant: (its model, the shared settings, its groups' Desired), reused as it was.
+        self._desired: dict[str, tuple[object, object, dict[GroupKey, Desired]]] = {}
+        self._rebuilt: set[str] = set()  # the tenants whose Desired the last desired() built anew
         self._alive: dict[str, Worker] = {}
         # Per group, the last worker number given. Kept when a group is removed: its workers may still be
         # draining when a reload brings it back, and a reused id would share their socket, pool and journal.
@@ -159,14 +164,34 @@ class Supervisor:
     # ------------------------------------------------------------------ apply
 
     def desired(self, config: Config) -> dict[GroupKey, Desired]:
-        return {
-            (tenant.name, app.name, group.name):
-                Desired(spec_for(app, group, self.leaf_for(tenant.name, app.name), tenant.run_as,
-                                 sandbox_for(config, tenant)),
-                        app.floor(group.name),  # none for a group new users do not go to, or at min_workers 0
-                        group.pool.max_workers, group.pool.drain_timeout)
-            for tenant, app, group in config.spawned_groups()  # (a nodes: group has nothing to start)
-        }
+        """Every spawned group's spec and sizes. A tenant whose model is the very object of the last activation (an
+        unchanged file: config/include.py), under the same server settings and hidden paths, keeps its specs as they
+        were built then: a reload of 10,000 apps rebuilds the changed tenant's alone."""
+        hidden = hidden_for(config)
+        shared = (config.server, hidden)
+        previous = self._desired
+        fresh: dict[str, tuple[object, object, dict[GroupKey, Desired]]] = {}
+        result: dict[GroupKey, Desired] = {}
+        self._rebuilt = set()
+        for tenant in config.tenants.values():
+            kept = previous.get(tenant.name)
+            if kept is not None and kept[0] is tenant and kept[1] == shared:
+                groups = kept[2]
+            else:
+                self._rebuilt.add(tenant.name)
+                sandbox = sandbox_for(config, tenant, hidden)
+                groups = {
+                    (tenant.name, app.name, group.name):
+                        Desired(spec_for(app, group, self.leaf_for(tenant.name, app.name), tenant.run_as, sandbox),
+                                app.floor(group.name),  # none for a group new users do not go to, or at min 0
+                                group.pool.max_workers, group.pool.drain_timeout)
+                    for app in tenant.apps.values() for group in app.groups.values()
+                    if group.spawned  # (a nodes: group has nothing to start)
+                }
+            fresh[tenant.name] = (tenant, shared, groups)
+            result.update(groups)
+        self._desired = fresh
+        return result
 
     async def apply(self, config: Config) -> ApplyResult:
         async with self._lock:
@@ -175,13 +200,19 @@ class Supervisor:
             workers_dir = os.path.join(self.runtime_dir, "workers")
             os.makedirs(workers_dir, mode=0o755, exist_ok=True)
             os.chmod(workers_dir, 0o755)  # (searchable by every tenant's user whatever elasticd's umask: UMask=0027)
-            for tenant in config.tenants.values():
-                _prepare_socket_dir(socket_dir(self.runtime_dir, tenant.name), tenant.run_as)
-            if any(tenant.isolation is not None for tenant in config.tenants.values()):
-                _prepare_views(config, self.runtime_dir)
             desired = self.desired(config)
-            running = {key: Running(entry.desired.spec, len(entry.workers)) for key, entry in self._groups.items()}
-            todo = plan(running, desired)
+            # Only the tenants whose specs were built anew (a new or changed tenant; all of them at a start) are
+            # planned, and their socket directories and views made again: a reload of 10,000 apps touches the
+            # changed tenant's. The others' groups are as they were (their Desired is the very object).
+            touched = self._rebuilt
+            for tenant in config.tenants.values():
+                if tenant.name in touched:
+                    _prepare_socket_dir(socket_dir(self.runtime_dir, tenant.name), tenant.run_as)
+            if any(config.tenants[name].isolation is not None for name in touched):
+                _prepare_views(config, self.runtime_dir, touched)
+            running = {key: Running(entry.desired.spec, len(entry.workers)) for key, entry in self._groups.items()
+                       if key[0] in touched or key not in desired}
+            todo = plan(running, {key: want for key, want in desired.items() if key[0] in touched})
             problems: list[str] = []
             # Removed groups first (their traffic is already routed away): drained and stopped in the background.
             retired = [task for key in todo.stop if (task := self._stop_group(key)) is not None]
@@ -193,9 +224,12 @@ class Supervisor:
             for found in results:
                 problems.extend(found)
             for key in todo.keep:
-                # Unchanged, but a failed worker gets a fresh chance: a reload is the operator's retry.
                 self._groups[key].desired = desired[key]
-                problems.extend(await self._revive_failed(key))
+            # Unchanged, but a failed worker gets a fresh chance: a reload is the operator's retry.
+            failed = {(w.tenant, w.app, w.group) for w in self._alive.values() if w.state == WorkerState.FAILED}
+            for key in sorted(failed):
+                if key in self._groups and key in desired and key not in todo.replace:
+                    problems.extend(await self._revive_failed(key))
             return ApplyResult(todo, problems, retired)
 
     # ------------------------------------------------------------------ the elastic pool's hands
@@ -441,7 +475,7 @@ def _prepare_socket_dir(path: str, run_as: RunAs | None) -> None:
     os.chmod(path, 0o700)
 
 
-def _prepare_views(config: Config, runtime_dir: str) -> None:
+def _prepare_views(config: Config, runtime_dir: str, only: Collection[str] | None = None) -> None:
     """What isolated workers' views are made of, on the host: the empty mode-0000 file bound over hidden files, and
     each isolated tenant's /tmp and /var/tmp (sticky and open to all, as a host's: inside the view only the tenant's
     user is there), in a directory only root may enter (``<tmp_dir>`` and ``<tmp_dir>/<tenant>``: 0700)."""
@@ -453,7 +487,7 @@ def _prepare_views(config: Config, runtime_dir: str) -> None:
     os.makedirs(config.server.tmp_dir, mode=0o700, exist_ok=True)
     os.chmod(config.server.tmp_dir, 0o700)
     for tenant in config.tenants.values():
-        if tenant.isolation is None:
+        if tenant.isolation is None or (only is not None and tenant.name not in only):
             continue
         own = os.path.join(config.server.tmp_dir, tenant.name)
         os.makedirs(own, mode=0o700, exist_ok=True)
