@@ -24,6 +24,8 @@ This is the one entry point; the scenarios live beside it, one module per subjec
 - ``bursts.py``: 21, issue #31 (a killed worker's requests held for its restart; a leak recycled at max_rss).
 - ``upgrade.py``: 22, issue #32 (dpkg -i of a newer build re-executes elasticd in place; systemctl restart refuses
   no connection).
+- ``density.py``: 23, issue #41 (2,000 apps over 400 tenants, one file each in /etc/elastic.d: up, reloads that
+  write what changed, a panel's tenant add and remove, the journal short).
 
 Plain python3 and the standard library only: this judges elasticd from the outside, the way an operator
 would, through systemctl, the journal, the front (HTTP with Host headers), the admin socket, elasticctl,
@@ -52,6 +54,7 @@ from blue_green import s_blue_green  # noqa: E402
 from bursts import s_bursts  # noqa: E402
 from capacity import s_capacity  # noqa: E402
 from common import DEB_ROOTS, SUITE_APPS, Failed, Scenario, say  # noqa: E402
+from density import s_density  # noqa: E402
 from elastic_pool import s_pool  # noqa: E402
 from enforcement import (  # noqa: E402
     s_cpu,
@@ -115,6 +118,8 @@ SCENARIOS: list[tuple[str, str, Scenario]] = [
     ("22-upgrade", "dpkg -i of a newer build under load: the postinst re-executes elasticd in place — same MainPID, "
      "no worker restarted, no request failed, users keep their state, a WebSocket echoes on; systemctl restart: "
      "no connection refused", s_upgrade),
+    ("23-density", "2,000 apps over 400 tenants, one file each in /etc/elastic.d: up; a reload writes no tenant or "
+     "the changed one alone; elasticctl tenant add and remove; the journal short", s_density),
 ]
 
 
