@@ -171,7 +171,7 @@ def test_an_unchanged_file_keeps_its_tenants_and_a_changed_one_is_read_again(hos
 def test_a_tenant_opening_its_own_root_cannot_stop_the_others_reloads(host):
     """A hostile tenant owns its root and may chmod it o+w: the reload of another tenant's change goes through;
     its own next change is refused, naming the root."""
-    main, confd, root, _write_main, write_tenant = host
+    main, _confd, root, _write_main, write_tenant = host
     mine = root.parent / "acme-root"
     mine.mkdir(mode=0o755)
     write_tenant("acme", f"tenants:\n  acme:\n    {_app('acmeapp', mine)}\n")
