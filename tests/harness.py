@@ -10,6 +10,7 @@ import contextlib
 import http.client
 import json
 import os
+import resource
 import random
 import signal
 import socket
@@ -148,16 +149,22 @@ class Daemon:
     def write_config(self, tenants_yaml: str) -> None:
         self.config_path.write_text(self.server_yaml + textwrap.dedent(tenants_yaml))
 
-    def start(self, wait_ready: bool = True) -> None:
+    def start(self, wait_ready: bool = True, nofile: int | None = None, ready_timeout: float = 30.0) -> None:
+        """``nofile``: the daemon's descriptor limit (soft and hard), as a unit's LimitNOFILE= sets it."""
         env = {**os.environ, "NOTIFY_SOCKET": str(self.notify.path)}
         env.pop("JOURNAL_STREAM", None)
         mark = len(self.notify.messages)
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         inside = ["ip", "netns", "exec", self.netns] if self.netns is not None else []
+
+        def limit() -> None:
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
         self.process = subprocess.Popen([*inside, PYTHON, "-m", "elasticd.daemon", "--config", str(self.config_path)],
-                                        env=env, stdout=self.log, stderr=subprocess.STDOUT)
+                                        env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                        preexec_fn=limit if nofile is not None else None)
         if wait_ready:
-            self.notify.wait_for("READY", "1", after=mark)
+            self.notify.wait_for("READY", "1", after=mark, timeout=ready_timeout)
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
