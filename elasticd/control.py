@@ -5,14 +5,16 @@ forwarding desk, so that ``daemon.py`` is left to wire and run."""
 from __future__ import annotations
 
 import os
+import resource
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from elasticd import __version__
+from elasticd.accounting import files as files_module
 from elasticd.accounting.process_trees import MEASURED_BY_TREES, read_process_trees
-from elasticd.accounting.sampler import Sampler
+from elasticd.accounting.sampler import FD_RESERVE, Sampler
 from elasticd.accounting.usage import measure
 from elasticd.cgroup.activation import Activation
 from elasticd.config import App, Config, Tenant
@@ -234,5 +236,22 @@ class DaemonControl:
             "last_reload": None if last is None else {
                 "ok": last.ok, "error": last.error, "problems": last.problems,
                 "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last.at))},
+            "descriptors": self._descriptors(),
             "tenants": tenants,
         }
+
+    def _descriptors(self) -> dict[str, Any]:
+        """elasticd's open descriptors against its limit: what the admin socket says when they run low (it keeps a
+        reserve to answer with: accounting/sampler.py)."""
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        try:
+            count = len(os.listdir("/proc/self/fd"))
+        except OSError:
+            count = -1
+        limit = soft if soft != resource.RLIM_INFINITY else None
+        low = limit is not None and count >= limit - 2 * FD_RESERVE
+        return {"open": count, "limit": limit, "sampler": self._sampler.open_descriptors,
+                "refused_opens": files_module.descriptors_refused,
+                "low": low, "warning": (f"{count} of {limit} descriptors open: the sampler skips reads until some are "
+                                        "free (raise LimitNOFILE= of elasticd.service, or look for what holds them: "
+                                        "ls -l /proc/<pid>/fd)") if low else None}

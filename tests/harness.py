@@ -10,8 +10,8 @@ import contextlib
 import http.client
 import json
 import os
-import resource
 import random
+import resource
 import signal
 import socket
 import subprocess

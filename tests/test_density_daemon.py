@@ -8,6 +8,8 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
+import time
 
 TENANTS, APPS, NOFILE = 200, 10, 4096
 
@@ -46,3 +48,28 @@ def test_2000_apps_under_a_low_descriptor_limit_keep_the_admin_socket_and_the_fr
     reloaded = d.ctl("reload", "--json")
     assert reloaded.returncode == 0 and json.loads(reloaded.stdout)["ok"]
     assert "Too many open files" not in d.log_text()
+
+
+def test_the_admin_socket_says_when_descriptors_run_low(daemons, tmp_path):
+    """Descriptors held by something else (here 560 client connections to the front, under a limit of 600) eat into
+    the reserve: the admin socket answers, and its status says so."""
+    root = tmp_path / "root"
+    root.mkdir(mode=0o755)
+    d = daemons("tenants:\n  t0:\n    apps:\n      a0:\n        domains: [a0.localhost]\n"
+                f"        root: {root}\n        groups:\n          main:\n            command: [x]\n"
+                "            pool: {min_workers: 0}\n")
+    d.start(nofile=600)
+    held = []
+    try:
+        for _ in range(560):  # connections to the front, each a descriptor of the daemon's
+            held.append(socket.create_connection(("127.0.0.1", d.port)))
+        deadline = time.monotonic() + 30
+        while True:
+            status = d.status()
+            if status["descriptors"]["low"] or time.monotonic() > deadline:
+                break
+        assert status["descriptors"]["low"], status["descriptors"]
+        assert "descriptors: LOW" in d.ctl("status").stdout
+    finally:
+        for conn in held:
+            conn.close()

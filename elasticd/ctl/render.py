@@ -43,6 +43,9 @@ def render_status(status: dict[str, Any]) -> str:
     out = [f"elasticd {status['version']}  pid {status['pid']}  up {_duration(status['uptime'])}  "
            f"front {status['listen']}  config {status['config']}",
            f"cgroups: {cgroups}"]
+    descriptors = status.get("descriptors") or {}
+    if descriptors.get("low"):
+        out.append(f"descriptors: LOW: {descriptors['warning']}")
     last = status.get("last_reload")
     if last:
         out.append(f"last reload: {'ok' if last['ok'] else 'REFUSED'} at {last['at']}")
