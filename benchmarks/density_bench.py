@@ -148,7 +148,8 @@ def fake_tree(cg: Path, tenants: int, apps: int, tick: int) -> list[Path]:
         targets += [tenant / f"app{a:02d}" for a in range(apps)]
     for i, target in enumerate(targets):
         state = fake_state(i, tick)
-        state.populated = False
+        if hasattr(state, "populated"):  # (an older checkout's fake tree, for the "before", has no cgroup.events)
+            state.populated = False
         write_fake_cgroup(target, state)
     return targets
 
