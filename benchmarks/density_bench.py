@@ -170,6 +170,8 @@ def measure(apps_total: int, tenants: int, args: argparse.Namespace) -> dict[str
         cg.mkdir()
         (cg / "cgroup.controllers").write_text("cpu memory pids io\n")
         (cg / "cgroup.procs").write_text("")
+        # The tree as the kernel would show it from the first tick: every cgroup there, none holding a process.
+        fake_tree(cg, tenants, per_tenant, 0)
         notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         notify.bind(str(host.where / "notify.sock"))
         env = {**os.environ, "PYTHONPATH": str(REPO), "NOTIFY_SOCKET": str(host.where / "notify.sock")}
