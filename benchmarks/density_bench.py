@@ -205,6 +205,9 @@ def measure(apps_total: int, tenants: int, args: argparse.Namespace) -> dict[str
                 result["tenant_add"] = time.monotonic() - began if added.returncode == 0 else float("nan")
                 if added.returncode != 0:
                     print(f"    (tenant add refused: {added.stderr.strip()[:300]})")
+            # The steady state: past every cgroup's first two reads (the one as it goes idle, at the start, and the
+            # writeback's, within a minute after: accounting/cadence.py), which a start pays once.
+            time.sleep(max(0.0, started + result["ready"] + 65 - time.monotonic()))
             cpu_before = sum(proc.cpu_times()[:2])
             began = time.monotonic()
             tick = 0

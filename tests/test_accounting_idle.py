@@ -143,7 +143,7 @@ def test_settle_read_catches_writeback_after_the_last_exit(tmp_path, sampler):
     sampler.sample_once(1.0)
     key = ("app", "t0", "a0")
     write_fake_cgroup(targets[key], _cg(0, False).__class__(memory_current=1, populated=False))
-    for tick in range(2, SETTLE + 2):
+    for tick in range(2, 2 * SETTLE + 2):  # (the settle's read falls within the next settle)
         sampler.sample_once(float(tick))
     assert sampler.latest[key].memory_bytes == 1
 

@@ -10,9 +10,10 @@ So a cgroup is read:
 
 - every tick while it is **active**: populated, or elasticd holds a worker in it (its pid may be written into
   the leaf this very tick), or the kernel does not say (no ``cgroup.events``: a fake tree);
-- once on the tick it is first seen **idle** (its final values), once more ``SETTLE_SECONDS`` later (the
-  writeback), then every ``IDLE_SECONDS``. Each cgroup's idle reads fall on a tick of its own (a stable hash of
-  its key), so a host of 10,000 idle apps spreads them rather than reading them all on one tick.
+- once on the tick it is first seen **idle** (its final values), once more between ``SETTLE_SECONDS`` and twice
+  that later (the writeback), then every ``IDLE_SECONDS``. Each cgroup's idle reads fall on a tick of its own (a
+  stable hash of its key), so a host of 10,000 idle apps (all idle at once after a start) spreads them rather than
+  reading them all on one tick.
 
 What it costs, measured by benchmarks/density_bench.py on a 2-core machine: opening, reading and closing a
 cgroup file is 7-9 µs, a cgroup's nine files with the parse about 100 µs. At 10,000 idle apps over 2,000
@@ -58,7 +59,7 @@ class Cadence:
         if interval <= 0:
             raise ValueError(f"interval must be positive, not {interval}")
         self._settle = max(1, math.ceil(SETTLE_SECONDS / interval))
-        self._every = max(self._settle + 1, math.ceil(IDLE_SECONDS / interval))
+        self._every = max(2 * self._settle + 1, math.ceil(IDLE_SECONDS / interval))
 
     def due(self, key: Key, active: bool, tick: int) -> bool:
         if active:
@@ -70,9 +71,10 @@ class Cadence:
             self._idle[key] = (tick, _offset(key) % self._every)
             return True  # its final values
         age = tick - standing[0]
-        if age == self._settle:
+        settle = self._settle
+        if age == settle + standing[1] % settle:  # (spread over the next settle too: a start idles all at once)
             return True
-        return age > self._settle and (tick + standing[1]) % self._every == 0
+        return age > 2 * settle and (tick + standing[1]) % self._every == 0
 
     def idle(self, key: Key) -> bool:
         return key in self._idle
