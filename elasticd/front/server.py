@@ -193,7 +193,10 @@ class Front:
     def collector(self, shown: Callable[[str, str], bool] | None = None) -> FrontCollector:
         """For the metrics server's registry: requests, latency and quota refusals. ``shown``: the apps whose idle
         groups still show their (zero) queue series; a group that queued anything always does."""
-        groups = self.groups if shown is None else (lambda: [g for g in self.groups() if shown(g[0], g[1])])
+        groups = self.groups
+        if shown is not None:
+            show = shown  # (bookworm's mypy 1.0 does not carry the narrowing into the lambda)
+            groups = lambda: [g for g in self.groups() if show(g[0], g[1])]  # noqa: E731
         return FrontCollector(self.forwards, lambda: list(self.quotas.tenants), self.queue.depths, groups)
 
     def groups(self) -> list[tuple[str, str, str]]:
