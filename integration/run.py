@@ -3,7 +3,7 @@
 
     ./dev integration [--suite bookworm|trixie|bookworm,trixie]   (installs the host tools, then runs this)
     python3 integration/run.py [--suite trixie] [--deb dist/elasticd_X+debN_amd64.deb] [--only cpu,reload]
-                               [--timeout 900]
+                               [--timeout 1200]
 
 The Debian release the guest runs is ``--suite``: bookworm (systemd 252, kernel 6.1, Python 3.11) or trixie
 (systemd 257, kernel 6.12, Python 3.13). Every scenario runs on both; where they differ, the scenario says so.
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the .deb to test, built for that release (default: packaging/deb/build --suite)")
     parser.add_argument("--only", default="", help="comma-separated scenario names (e.g. cpu,reload)")
     parser.add_argument("--timeout", type=float, default=float(os.environ.get("ELASTICD_IT_TIMEOUT", 0)) or None,
-                        help="seconds for the whole guest run (boot, install, scenarios); default 900, and 1800 "
+                        help="seconds for the whole guest run (boot, install, scenarios); default 1200, and 2400 "
                              "for each of two guests at once")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"image cache (default {DEFAULT_CACHE})")
     parser.add_argument("--work", type=Path, help=f"run directory (default {DEFAULT_WORK}/integration-SUITE)")
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_releases(suites, argv if argv is not None else sys.argv[1:])
     suite = suites[0]
     if args.timeout is None:
-        args.timeout = 900.0
+        args.timeout = 1200.0  # (one guest alone: 24 scenarios took 9-14 minutes)
     if args.work is None:
         args.work = DEFAULT_WORK / f"integration-{suite}"
     began = time.monotonic()
@@ -360,9 +360,9 @@ def run_releases(suites: list[str], argv: list[str]) -> int:
     if not any(a == "--timeout" or a.startswith("--timeout=") for a in forwarded) \
             and not os.environ.get("ELASTICD_IT_TIMEOUT"):
         # Two TCG guests share the host's cores: each of the last runs took about 1.3 times as long as alone. The 23
-        # scenarios took 1,050-1,250 s a guest in the last runs (CI's: 1,219 s): 1,800 leaves room for a slower day and
-        # still ends a hung guest well inside CI's hour.
-        forwarded += ["--timeout", "1800"]
+        # scenarios took 1,050-1,550 s a guest in the last runs (CI's: 1,219 s), and 23-density adds 3-5 minutes:
+        # 2,400 leaves room for a slower day and still ends a hung guest inside CI's 90 minutes.
+        forwarded += ["--timeout", "2400"]
     children: dict[str, subprocess.Popen[bytes]] = {}
     lock = threading.Lock()
     counts: dict[str, str] = {}
