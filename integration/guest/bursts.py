@@ -164,9 +164,10 @@ def _recycled_before_oom() -> tuple[str, dict[str, Any]]:
         time.sleep(0.5)
         done = recycled()
     # Decided, its replacement may still be starting under the tenant's 30 % of a CPU (TCG, two guests at once):
-    # it is waited for, the leak no longer fed.
-    done = done or wait_for(recycled, 90, 0.5)
-    check(done, f"no recycle within 60 s (and its replacement within 90 s more): answers {dict(answers)}, pool "
+    # it is waited for, the leak no longer fed. (240 s: on a slow day, every scenario at 1.5-2 times its usual time,
+    # neither release's replacement was running 90 s after the decision.)
+    done = done or wait_for(recycled, 240, 0.5)
+    check(done, f"no recycle within 60 s (and its replacement within 240 s more): answers {dict(answers)}, pool "
           f"{elasticctl_json('pool', f'{TENANT}/{APP}', '--json')['groups'][GROUP]['decisions'][-5:]}")
     assert done is not None
     gone = wait_for(lambda: not Path(f"/proc/{old['pid']}").exists(), 30, 0.2)
