@@ -35,7 +35,10 @@ __all__ = ["Retirement"]
 log = logging.getLogger("elasticd.pool")
 
 _DRAIN_POLL = 0.1  # seconds between two looks at what is still open on a draining worker
-_ROUTABLE_TIMEOUT = 30.0  # seconds a drain's replacement has to become routable
+# Seconds a drain's replacement has to become routable. A replacement starts under its tenant's cpu.max, beside the
+# worker it replaces: in the VM, under a 30 % cpu.max on a slow day, one took 55 s to listen, and a give-up at 30 s
+# left the recycled worker serving on past its max_rss, beside its replacement, for good.
+_ROUTABLE_TIMEOUT = 120.0
 
 
 class Retirement:
