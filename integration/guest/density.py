@@ -30,9 +30,9 @@ from common import (
     front,
     http_get,
     journal_cursor,
-    journal_since,
     main_pid,
     read,
+    run,
     systemctl,
     timed,
     wait_for,
@@ -68,7 +68,10 @@ def _main() -> str:
 
 
 def _elasticd_lines(cursor: str) -> list[str]:
-    return [line for line in journal_since(cursor).splitlines() if " elasticd[" in line]
+    """elasticd's own lines in the unit's journal since ``cursor`` (not systemd's, nor elasticctl's)."""
+    time.sleep(0.5)  # (journald takes stream lines asynchronously)
+    out = run(["journalctl", "--no-pager", "-o", "short", "-u", UNIT, f"--after-cursor={cursor}"]).stdout
+    return [line for line in out.splitlines() if " elasticd[" in line]
 
 
 def s_density() -> tuple[str, dict[str, Any]]:
