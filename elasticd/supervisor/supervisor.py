@@ -99,7 +99,7 @@ class Supervisor:
         self._groups: dict[GroupKey, _Group] = {}
         # The last desired() per tenant: (its model, the shared settings, its groups' Desired), reused as it was.
         self._desired: dict[str, tuple[object, object, dict[GroupKey, Desired]]] = {}
-        self._rebuilt: set[str] = set()  # the tenants whose Desired the last desired() built anew
+        self._rebuilt: set[str] = set()  # the tenants whose Desired was built anew since the last apply
         self._alive: dict[str, Worker] = {}
         # Per group, the last worker number given. Kept when a group is removed: its workers may still be
         # draining when a reload brings it back, and a reused id would share their socket, pool and journal.
@@ -172,7 +172,6 @@ class Supervisor:
         previous = self._desired
         fresh: dict[str, tuple[object, object, dict[GroupKey, Desired]]] = {}
         result: dict[GroupKey, Desired] = {}
-        self._rebuilt = set()
         for tenant in config.tenants.values():
             kept = previous.get(tenant.name)
             if kept is not None and kept[0] is tenant and kept[1] == shared:
@@ -204,7 +203,8 @@ class Supervisor:
             # Only the tenants whose specs were built anew (a new or changed tenant; all of them at a start) are
             # planned, and their socket directories and views made again: a reload of 10,000 apps touches the
             # changed tenant's. The others' groups are as they were (their Desired is the very object).
-            touched = self._rebuilt
+            # (since the last apply: a re-exec's adopt() asked desired() first, and its tenants are to be planned)
+            touched, self._rebuilt = self._rebuilt, set()
             for tenant in config.tenants.values():
                 if tenant.name in touched:
                     _prepare_socket_dir(socket_dir(self.runtime_dir, tenant.name), tenant.run_as)
@@ -228,7 +228,7 @@ class Supervisor:
             # Unchanged, but a failed worker gets a fresh chance: a reload is the operator's retry.
             failed = {(w.tenant, w.app, w.group) for w in self._alive.values() if w.state == WorkerState.FAILED}
             for key in sorted(failed):
-                if key in self._groups and key in desired and key not in todo.replace:
+                if key in self._groups and key in desired and key not in todo.replace and key not in todo.start:
                     problems.extend(await self._revive_failed(key))
             return ApplyResult(todo, problems, retired)
 
