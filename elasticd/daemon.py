@@ -487,6 +487,7 @@ class Daemon:
             return
         self._draining_stop = True
         self.agent.stopping = True
+        self.front.close_after_answers()  # (kept-alive connections end with their answers, none idle at the stop)
         self.notifier.send(f"STATUS=stopping: answering drain to HAProxy for {drain:g}s first")
         log.info("stopping: the agent answers drain for %gs first (server.stop_drain), still serving", drain)
         asyncio.get_running_loop().call_later(drain, self._stop.set)

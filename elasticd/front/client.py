@@ -60,6 +60,8 @@ class ClientConn(asyncio.Protocol):
         self.clock = front.clock
         self.transport: asyncio.Transport | None = None
         self.relay = ClientRelay(front.max_header_bytes)
+        if front.closing:
+            self.relay.closing = True
         self.peer: bytes | None = None
         self.active_at = front.clock()
         self.tunnel_user: str | None = None  # whose WebSocket tunnel this connection carries, while it does

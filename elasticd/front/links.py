@@ -57,6 +57,7 @@ class FrontSide(Protocol):
     """The listener (``server.Front``), as a client connection asks it to route, settle and give up."""
 
     clock: Callable[[], float]
+    closing: bool
     conns: set[Any]
     forwards: ForwardCounters
     max_header_bytes: int

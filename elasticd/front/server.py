@@ -81,6 +81,7 @@ class Front:
         "_workers",
         "carried",
         "clock",
+        "closing",
         "conns",
         "forwards",
         "full",
@@ -154,6 +155,7 @@ class Front:
         self.unroutable: set[str] = set()  # workers found dead, until their socket accepts again
         self.conns: set[ClientConn] = set()
         self.stopping = False
+        self.closing = False  # a drained stop: every answer closes its connection (close_after_answers)
         self.port: int | None = None
         self._targets: dict[bytes | None, Target | None] = {}
         self._pools: dict[str, ConnectionPool] = {}
@@ -237,6 +239,13 @@ class Front:
         servers, self._servers = self._servers, []
         for server in servers:
             server.close()
+
+    def close_after_answers(self) -> None:
+        """A drained stop's first step: each connection closes after its next answer, announced, so that at the stop
+        itself none is left kept alive for a balancer to send a request on as it closes (ClientRelay's)."""
+        self.closing = True
+        for conn in list(self.conns):
+            conn.relay.close_after_answers()
 
     def stop(self, grace: float = 10.0) -> Coroutine[Any, Any, None]:
         """Stop accepting; let answers under way finish (up to ``grace``); close every connection

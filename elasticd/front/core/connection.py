@@ -80,8 +80,8 @@ _PARSER_CHECKS_VERSION: Final = tuple(int(part) for part in httptools.__version_
 class ClientRelay:
     """One client connection's requests, from their bytes to their answers' ends."""
 
-    __slots__ = ("cur", "draining", "eof", "failure", "head_bytes", "link", "max_header_bytes", "on_header",
-                 "parser", "paused", "pending", "queue", "reader", "tunnel", "upgrading")
+    __slots__ = ("closing", "cur", "draining", "eof", "failure", "head_bytes", "link", "max_header_bytes",
+                 "on_header", "parser", "paused", "pending", "queue", "reader", "tunnel", "upgrading")
 
     def __init__(self, max_header_bytes: int) -> None:
         self.max_header_bytes = max_header_bytes
@@ -95,10 +95,21 @@ class ClientRelay:
         self.paused = 0  # FOR_QUEUE | FOR_UPSTREAM
         self.eof = False  # the client stopped sending
         self.draining = False  # answered and closing: what the client still sends is dropped
+        self.closing = False  # the front's last answers (a drained stop): each says Connection: close, then closes
         self.upgrading: Exchange | None = None  # an upgrade request: what follows its head is raw
         self.tunnel: Link | None = None  # the worker's connection once the upgrade went through
         self.link: Link | None = None  # with TO_WORKER or FAIL: the worker connection meant
         self.failure: tuple[Exchange, int, str] | None = None  # with FAIL: the request and its answer
+
+    def close_after_answers(self) -> None:
+        """From now on every answer announces ``Connection: close`` and ends its connection, those of requests read
+        already too. A server that closes a kept-alive connection while it is idle races the client's next request
+        on it (RFC 9112 9.6: the request is lost, a balancer answers 502); one that closes after an answer it
+        announced so leaves nothing to race."""
+        self.closing = True
+        for ex in self.queue:
+            if ex.head is not NO_HEAD:  # (the shared placeholder is never written)
+                ex.head.keep_alive = False
 
     # ------------------------------------------------------------------ input: bytes from the client
 
@@ -218,6 +229,8 @@ class ClientRelay:
         # is_http11's common case inlined: keep-alive without a Connection header is HTTP/1.1.
         cur.http11 = http11 = (tokens is None and parser.should_keep_alive()) or http1.is_http11(parser, tokens)
         cur.head = reader.finish(http11, parser.should_upgrade())
+        if self.closing:
+            cur.head.keep_alive = False
         limit = self.max_header_bytes
         if size + len(cur.url) > limit:
             cur.error = http1.oversize_status(len(cur.url), size, limit)
