@@ -58,10 +58,12 @@ class Listeners:
         self._held[name] = taken if taken is not None else _bind_retrying(host, port, backlog, discarded)
         return [_dup(sock) for sock in self._held[name]]
 
-    def take_unix(self, name: str, path: str, bound_at: str | None = None) -> socket.socket | None:
+    def take_unix(self, name: str, path: str, bound_at: str | None = None, *,
+                  shared: bool = False) -> socket.socket | None:
         """The previous image's socket that serves at ``path``, held again, and a duplicate for the server; None when
         there is none (the caller binds one and ``hold``s it). ``bound_at``: the path it was bound at, when its file
-        was renamed to ``path`` afterwards (the kernel's name for the socket stays the one it was bound at)."""
+        was renamed to ``path`` afterwards (the kernel's name for the socket stays the one it was bound at).
+        ``shared``: the held socket itself, as ``hold``'s."""
         taken = self._take(name, lambda sock: sock.family == socket.AF_UNIX and _sockname(sock) == (bound_at or path)
                            and os.path.exists(path))
         if taken is None or len(taken) != 1:
@@ -69,13 +71,16 @@ class Listeners:
                 sock.close()
             return None
         self._held[name] = taken
-        return _dup(taken[0])
+        return taken[0] if shared else _dup(taken[0])
 
-    def hold(self, name: str, sock: socket.socket) -> socket.socket:
-        """Keep ``sock`` (bound and listening) under ``name``; the duplicate returned is the server's."""
+    def hold(self, name: str, sock: socket.socket, *, shared: bool = False) -> socket.socket:
+        """Keep ``sock`` (bound and listening) under ``name``; the duplicate returned is the server's. ``shared``: the
+        server is given the held socket itself, for one that never stops but for good (``release``): a tenant's
+        channel keeps accepting through a re-exec, and one descriptor a tenant instead of two is 2,000 fewer on a
+        host of 2,000 tenants."""
         self.release(name)
         self._held[name] = [sock]
-        return _dup(sock)
+        return sock if shared else _dup(sock)
 
     def release(self, name: str) -> None:
         """The server of ``name`` stopped for good (a tenant removed, the daemon stopping): its socket closes."""

@@ -296,12 +296,11 @@ class ChannelServer:
         staged = os.path.join(self.runtime_dir, f".channel.{tenant}.sock")
         # (bound at ``staged``, then renamed: that is the name the kernel keeps for it; the inode says it is still
         # the file at ``path``)
-        inherited = self.listeners.take_unix(name, path, bound_at=staged)
+        inherited = self.listeners.take_unix(name, path, bound_at=staged, shared=True)
         if inherited is not None:
             if inode is not None and _inode(path) == inode:
                 return self._watch(tenant, path, inherited, inode)
-            inherited.close()  # its file was replaced or removed meanwhile: bound afresh
-            self.listeners.release(name)
+            self.listeners.release(name)  # its file was replaced or removed meanwhile: bound afresh
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)  # (the supervisor gives it to the tenant)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(staged)
@@ -318,7 +317,7 @@ class ChannelServer:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(staged)
             raise
-        return self._watch(tenant, path, self.listeners.hold(name, sock), inode)
+        return self._watch(tenant, path, self.listeners.hold(name, sock, shared=True), inode)
 
     def _watch(self, tenant: str, path: str, sock: socket.socket, inode: int) -> _Listener:
         budget = self._accepts.get(tenant)
@@ -378,8 +377,7 @@ class ChannelServer:
             listener.resume.cancel()
         else:
             asyncio.get_running_loop().remove_reader(listener.sock.fileno())
-        listener.sock.close()
-        self.listeners.release(f"channel:{tenant}")
+        self.listeners.release(f"channel:{tenant}")  # (listener.sock is the held socket itself: closed there)
         # Only our own socket file: the directory is the tenant's, and the name may hold something else by now.
         if _inode(listener.path) == listener.inode:
             with contextlib.suppress(FileNotFoundError):
