@@ -1,0 +1,5 @@
+import sys
+
+from elasticd.keeper.main import main
+
+sys.exit(main())
