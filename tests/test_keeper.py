@@ -6,8 +6,10 @@ bound, or when told to stop."""
 from __future__ import annotations
 
 import array
+import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+ENV = {"PATH": os.environ["PATH"]}
 
 
 class Link:
@@ -191,3 +194,43 @@ def _stop(process: subprocess.Popen, link: Link) -> str:
     link.send({"op": "stop"})
     assert process.wait(10) == 0
     return process.stderr.read()
+
+
+def test_elasticds_link_spawns_watches_and_adopts_through_the_keeper(keeper):
+    from elasticd.keeper.link import KeeperLink
+
+    process, path = keeper("--orphan-bound", "30")
+
+    async def first() -> tuple[int, int]:
+        link, rows = await KeeperLink.connect(str(path))
+        assert rows == [] and link.keeper_pid == process.pid and link.base is None
+        read_end, write_end = os.pipe()
+        with open(os.devnull, "rb") as devnull:
+            quick = await link.spawn(["true"], ENV, "/", "acme.shop.green.1", (devnull.fileno(), write_end, write_end))
+            assert await asyncio.wait_for(quick.wait(), 10) == 0  # (its exit may come before spawn() returns)
+            kept = await link.spawn(["sh", "-c", "echo up; exec sleep 60"], ENV, "/", "acme.shop.green.2",
+                                    (devnull.fileno(), write_end, write_end), hold=read_end)
+        os.close(write_end)
+        assert os.read(read_end, 10) == b"up\n"
+        os.close(read_end)
+        with pytest.raises(OSError, match=r"the keeper could not start it: .*No such file"):
+            await link.spawn(["/nonexistent"], ENV, "/", "acme.shop.green.3", (0, 1, 2))
+        link.close()  # as a crash would: the connection goes, the keeper keeps the child
+        return kept.pid, process.pid
+
+    pid, _ = asyncio.run(first())
+    assert alive(pid)
+
+    async def second() -> int:
+        link, rows = await KeeperLink.connect(str(path))
+        (row,) = rows
+        assert (row.pid, row.label, row.code) == (pid, "acme.shop.green.2", None) and row.output is not None
+        os.close(row.output)
+        adopted = link.watch(row.pid)
+        adopted.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(adopted.wait(), 10)
+        link.stop()
+        return code
+
+    assert asyncio.run(second()) == -signal.SIGTERM  # the status, read by the keeper, its parent
+    assert process.wait(10) == 0
