@@ -80,10 +80,14 @@ def keeper(tmp_path):
         return process, path
 
     yield start
-    for process in started:
+    for process in started:  # SIGTERM first: the keeper stops its children (a test that failed leaves some)
         if process.poll() is None:
+            process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
             process.kill()
-        process.wait(10)
+            process.wait(10)
 
 
 def alive(pid: int) -> bool:
