@@ -45,6 +45,8 @@ from elasticd.config.notices import balancer_warnings, few, isolation_warnings, 
 from elasticd.control import DaemonControl, DaemonParts, ReloadResult
 from elasticd.front import Front, RouteTable
 from elasticd.front.serving import BACKLOG
+from elasticd.keeper.link import KeeperLink, KeptRow
+from elasticd.keeper.own import keeper_socket, reach_keeper
 from elasticd.limits.overrides import effective
 from elasticd.limits.runtime import RuntimeLimits
 from elasticd.listeners import Listeners
@@ -104,6 +106,8 @@ class Daemon:
         "control",
         "front",
         "inherited",
+        "keeper",
+        "kept_rows",
         "last_reload",
         "last_written",
         "limits",
@@ -201,6 +205,10 @@ class Daemon:
         self._controllers: dict[str, frozenset[str]] = {}  # per tenant, read at each activation
         self._said: set[str] = set()  # warnings given once per start
         self.reexec = ReExec(self)
+        # The parent of every worker (elasticd/keeper), reached at the start; its table then (a previous image's
+        # workers, for the adoption).
+        self.keeper: KeeperLink | None = None
+        self.kept_rows: list[KeptRow] = []
 
     # ------------------------------------------------------------------ wiring for the parts
 
@@ -413,6 +421,9 @@ class Daemon:
                 cgroups = replace(cgroups, path=saved.cgroup_base)
             self.cgroups.claim(cgroups)
             os.makedirs(os.path.join(server.runtime_dir, "workers"), mode=0o755, exist_ok=True)
+            # After the claim: a keeper started here is forked from <base>/server, where elasticd is by now.
+            self.keeper, self.kept_rows = await reach_keeper(keeper_socket(server.runtime_dir), start=True)
+            self.supervisor.spawner = self.keeper
             if saved is not None:
                 self.notifier.start_watchdog()  # (the previous image fed it until the exec: one process throughout)
             await self.api.start(self.listeners)
@@ -513,6 +524,8 @@ class Daemon:
         await self.front.stop(self.config.server.stop_timeout)
         await self.capacity.aclose()
         await self.supervisor.stop_all()
+        if self.keeper is not None:
+            self.keeper.stop()  # (its workers stopped: the keeper goes too)
         await self.cgroups.drain_all(self.config)
         await self.api.stop()
         await self.channel.stop()

@@ -230,7 +230,7 @@ def test_elasticds_link_spawns_watches_and_adopts_through_the_keeper(keeper):
         (row,) = rows
         assert (row.pid, row.label, row.code) == (pid, "acme.shop.green.2", None) and row.output is not None
         os.close(row.output)
-        adopted = link.watch(row.pid)
+        adopted = link.watch(row.pid, row.started)
         adopted.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(adopted.wait(), 10)
         link.stop()

@@ -7,11 +7,9 @@ from __future__ import annotations
 import array
 import asyncio
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -20,7 +18,7 @@ from elasticd.front.carried import CarriedTunnel
 from elasticd.front.core.quota import QuotaBook
 from elasticd.front.core.sticky import Surface
 from elasticd.listeners import Listeners
-from elasticd.supervisor.adopted import AdoptedProcess, start_time
+from elasticd.supervisor.identity import start_time
 from elasticd.systemd import listen_fds, store_listeners
 from elasticd.upgrade.inherited import close_strays, kept_descriptors
 from elasticd.upgrade.report import describe
@@ -131,40 +129,18 @@ def test_names_not_claimed_are_closed_and_said():
     old.close_all()
 
 
-# ---------------------------------------------------------------------------------------------- adopted children
+# ---------------------------------------------------------------------------------------------- a process's identity
 
 
-def test_an_adopted_child_is_watched_by_pidfd_signalled_and_reaped():
+def test_start_time_is_that_of_a_child_and_none_once_it_ended():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         started = start_time(child.pid)
         assert started is not None and started > 0
-
-        async def scenario() -> int:
-            process = AdoptedProcess(child.pid)
-            process.send_signal(signal.SIGTERM)
-            return await asyncio.wait_for(process.wait(), 10)
-
-        assert asyncio.run(scenario()) == -signal.SIGTERM
-        assert start_time(child.pid) is None  # reaped: no such process now
     finally:
-        if child.poll() is None:
-            child.kill()
-
-
-def test_a_child_that_ended_before_the_adoption_is_read_as_ended():
-    child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
-    while True:  # a zombie now: ended, not reaped
-        with open(f"/proc/{child.pid}/stat") as stat:
-            if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
-                break
-        time.sleep(0.01)
-    assert start_time(child.pid) is None  # (not a worker to adopt: it ended)
-
-    async def scenario() -> int:
-        return await AdoptedProcess(child.pid).wait()
-
-    assert asyncio.run(scenario()) == 3
+        child.kill()
+        child.wait()
+    assert start_time(child.pid) is None  # reaped: no such process now
 
 
 def test_start_time_is_none_for_a_process_that_is_not_our_child():

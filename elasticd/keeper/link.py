@@ -45,10 +45,11 @@ class KeptProcess:
     """The part of ``asyncio.subprocess.Process`` a worker uses: ``pid``, ``returncode``, ``wait()``,
     ``send_signal()``."""
 
-    __slots__ = ("_ended", "_link", "_pidfd", "pid", "returncode")
+    __slots__ = ("_ended", "_link", "_pidfd", "pid", "returncode", "started")
 
-    def __init__(self, link: KeeperLink, pid: int) -> None:
+    def __init__(self, link: KeeperLink, pid: int, started: int) -> None:
         self.pid = pid
+        self.started = started  # its start time, as the keeper read it (its identity with the pid)
         self.returncode: int | None = None
         self._link = link
         self._ended: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -123,7 +124,7 @@ class KeeperLink:
         return link, rows
 
     async def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, label: str,
-                    stdio: tuple[int, int, int], hold: int | None = None) -> KeptProcess:
+                    stdio: tuple[int, int, int], hold: int | None = None) -> KeptProcess:  # (a Spawner)
         """Start ``argv`` as the keeper's child, in a session of its own, with ``stdio`` as its descriptors 0-2 and,
         with ``hold``, that output pipe's read end kept by the keeper too. OSError when it cannot be started."""
         self._seq += 1
@@ -139,11 +140,11 @@ class KeeperLink:
             self._pending.pop(seq, None)
         if answer["op"] == "refused":
             raise OSError(f"the keeper could not start it: {answer.get('error')}")
-        return self.watch(_int(answer, "pid"))
+        return self.watch(_int(answer, "pid"), _int(answer, "started"))
 
-    def watch(self, pid: int) -> KeptProcess:
+    def watch(self, pid: int, started: int) -> KeptProcess:
         """A child of the keeper's, watched from now on (a spawned one, or an adopted row's)."""
-        process = self._kept[pid] = KeptProcess(self, pid)
+        process = self._kept[pid] = KeptProcess(self, pid, started)
         code = self._early.pop(pid, None)
         if code is not None:
             process._exited(code)

@@ -26,7 +26,7 @@ from typing import Any, Final
 
 from elasticd.keeper.table import Child, Children, orphans_expired
 from elasticd.keeper.wire import MAX_MESSAGE, Spawn, WireError, decode, encode, parse_spawn
-from elasticd.supervisor.adopted import start_time
+from elasticd.supervisor.identity import start_time
 
 __all__ = ["main"]
 

@@ -28,6 +28,7 @@ from elasticd.supervisor.lifecycle import COUNTED, WILL_SERVE, WorkerState
 from elasticd.supervisor.plan import Desired, GroupKey, Plan, Running, plan
 from elasticd.supervisor.sandbox import hidden_for, inaccessible_path, sandbox_for, tmp_dirs
 from elasticd.supervisor.spawn import WorkerSpec, socket_dir, spec_for
+from elasticd.supervisor.spawner import Spawner
 from elasticd.supervisor.worker_process import Adopt, Worker, journal_for_workers
 from elasticd.worker_ids import format_worker_id
 
@@ -78,8 +79,8 @@ class Supervisor:
     __slots__ = ("_alive", "_background", "_counters", "_desired", "_groups", "_lock", "_rebuilt", "carried_in",
                  "changes",
                  "leaf_for",
-                 "occupancy_interval", "on_worker_state", "runtime_dir", "start_wait", "stop_timeout", "stopping",
-                 "systemd_cat", "wait_drained")
+                 "occupancy_interval", "on_worker_state", "runtime_dir", "spawner", "start_wait", "stop_timeout",
+                 "stopping", "systemd_cat", "wait_drained")
 
     def __init__(self, runtime_dir: str, leaf_for: Callable[[str, str], str | None], *,
                  stop_timeout: float = 10.0, occupancy_interval: float = 5.0,
@@ -89,6 +90,8 @@ class Supervisor:
         # path, straight to journald; None, relayed through elasticd's log within a bound per worker.
         self.systemd_cat = systemd_cat
         self.leaf_for = leaf_for
+        # Who starts the workers' processes: the daemon's keeper (set before the first start); None: elasticd itself.
+        self.spawner: Spawner | None = None
         self.stop_timeout = stop_timeout
         self.occupancy_interval = occupancy_interval
         self.start_wait = start_wait
@@ -317,7 +320,7 @@ class Supervisor:
     def _adopted(self, worker_id: str, key: GroupKey, spec: WorkerSpec, *, sandboxed: bool) -> Worker:
         tenant, app, group = key
         worker = Worker(worker_id, tenant, app, group, spec, runtime_dir=self.runtime_dir,
-                        occupancy_interval=self.occupancy_interval, systemd_cat=self.systemd_cat)
+                        occupancy_interval=self.occupancy_interval, systemd_cat=self.systemd_cat, spawner=self.spawner)
         worker.sandboxed = sandboxed
         worker.on_state = self._worker_state
         self._alive[worker.id] = worker
@@ -344,7 +347,7 @@ class Supervisor:
         tenant, app, group = key
         worker = Worker(format_worker_id(tenant, app, group, number), tenant, app, group, spec,
                         runtime_dir=self.runtime_dir, occupancy_interval=self.occupancy_interval,
-                        systemd_cat=self.systemd_cat)
+                        systemd_cat=self.systemd_cat, spawner=self.spawner)
         worker.on_state = self._worker_state
         self._alive[worker.id] = worker  # before it starts: from here on, stop_all reaches it
         return worker

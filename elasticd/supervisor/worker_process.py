@@ -28,19 +28,16 @@ from functools import partial
 import psutil
 
 from elasticd.background import watch
-from elasticd.supervisor.adopted import AdoptedProcess
 from elasticd.supervisor.backoff import RestartPolicy
 from elasticd.supervisor.lifecycle import WorkerState, transition
 from elasticd.supervisor.output import LINES_PER_SECOND, READ_CHUNK, LineSplitter, OutputBound
 from elasticd.supervisor.runnable import runnable
 from elasticd.supervisor.sandbox_host import command_pid, present_masks
 from elasticd.supervisor.spawn import JournalStream, WorkerSpec, socket_path, spawn_argv, worker_env
+from elasticd.supervisor.spawner import ChildProcess, DirectSpawner, Spawner, process_start_time
 from elasticd.systemd import stderr_is_journal
 
-__all__ = ["Adopt", "ChildProcess", "Worker", "journal_for_workers"]
-
-# The process a worker runs: one this image started, or one it adopted after a re-exec in place (adopted.py).
-ChildProcess = asyncio.subprocess.Process | AdoptedProcess
+__all__ = ["Adopt", "ChildProcess", "Worker", "journal_for_workers", "kill_tree"]
 
 log = logging.getLogger("elasticd.worker")
 
@@ -75,7 +72,7 @@ class Adopt:
 
     __slots__ = ("output", "process", "token")
 
-    def __init__(self, process: AdoptedProcess, token: str, output: int | None) -> None:
+    def __init__(self, process: ChildProcess, token: str, output: int | None) -> None:
         self.process = process
         self.token = token
         self.output = output
@@ -95,6 +92,7 @@ class Worker:
         "_process",
         "_ready",
         "_runtime_dir",
+        "_spawner",
         "_stop_requested",
         "_systemd_cat",
         "_task",
@@ -117,7 +115,7 @@ class Worker:
     def __init__(self, worker_id: str, tenant: str, app: str, group: str, spec: WorkerSpec, *,
                  runtime_dir: str, occupancy_interval: float, base_env: Mapping[str, str] | None = None,
                  policy: RestartPolicy | None = None, clock: Callable[[], float] = time.monotonic,
-                 systemd_cat: str | None = None) -> None:
+                 systemd_cat: str | None = None, spawner: Spawner | None = None) -> None:
         self.id = worker_id
         self.tenant = tenant
         self.app = app
@@ -151,6 +149,7 @@ class Worker:
         # systemd-cat's path: the worker's output goes straight to journald. None: elasticd relays it.
         self._systemd_cat = systemd_cat
         self._output_bound: OutputBound | None = None  # the relay's, made at its first read; kept across restarts
+        self._spawner: Spawner = spawner if spawner is not None else DirectSpawner()  # (the daemon's: its keeper)
 
     # ------------------------------------------------------------------ views
 
@@ -185,6 +184,11 @@ class Worker:
         self.served = served
         self.start()
 
+    def process_started(self) -> int | None:
+        """The running process's start time (its identity with the pid, for a re-exec's state); None when none runs."""
+        process = self._process
+        return process_start_time(process) if process is not None and process.returncode is None else None
+
     def output_fd(self) -> int | None:
         """The read end of the running process's output pipe, when elasticd relays it (a re-exec passes it on)."""
         output = self._output
@@ -213,7 +217,7 @@ class Worker:
         process = self._process
         if process is not None and process.returncode is None:
             self._set_state(WorkerState.STOPPING)
-            _kill_tree(process.pid)
+            kill_tree(process.pid)
             await process.wait()
         await self._end()
 
@@ -229,7 +233,7 @@ class Worker:
                 await asyncio.wait_for(process.wait(), grace)
             except TimeoutError:
                 log.warning("worker %s did not stop within %gs: killing it", self.id, grace)
-                _kill_tree(process.pid)
+                kill_tree(process.pid)
                 await process.wait()
         await self._end()
 
@@ -306,10 +310,11 @@ class Worker:
         journal = JournalStream(self._systemd_cat, self.id) if self._systemd_cat is not None else None
         relayed: io.FileIO | None = None  # the read end of the worker's output pipe, when elasticd relays it
         worker_end: int | None = None
+        devnull = _devnull()
         if journal is not None:
             # systemd-cat replaces stdout and stderr before it execs anything a tenant wrote: until then, stderr is
             # elasticd's own, so that the trampoline's or systemd-cat's failure is in elasticd's log.
-            stdout, stderr = asyncio.subprocess.DEVNULL, None
+            stdio = (devnull, devnull, 2)
         else:
             # A pipe of elasticd's own rather than asyncio's PIPE: nothing reads it between the relay's reads (a
             # StreamReader's transport would, at every write), so it fills and the writer blocks. Only the read
@@ -317,16 +322,16 @@ class Worker:
             read_end, worker_end = os.pipe2(os.O_CLOEXEC)
             os.set_blocking(read_end, False)
             relayed = io.FileIO(read_end, "r")  # closing a file twice is harmless, unlike an fd
-            stdout, stderr = worker_end, asyncio.subprocess.STDOUT
-        process: asyncio.subprocess.Process | None = None
+            stdio = (devnull, worker_end, worker_end)
+        process: ChildProcess | None = None
         try:
             masks = present_masks(self.spec.sandbox.hidden) if self.spec.sandbox is not None else []
-            process = await asyncio.create_subprocess_exec(
-                *spawn_argv(self.spec, self.socket_path, journal, cwd=cwd, masks=masks), env=env, cwd=cwd,
-                stdin=asyncio.subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                # Its own session and process group: signals sent to elasticd's terminal or group do not
-                # reach it, and the whole group can be killed when the worker goes.
-                start_new_session=True)
+            # Its own session and process group (the spawner's): signals sent to elasticd's terminal or group do not
+            # reach it, and the whole group can be killed when the worker goes. The keeper keeps a read end of its
+            # output pipe too, so that the pipe outlives a crash of elasticd.
+            process = await self._spawner.spawn(
+                spawn_argv(self.spec, self.socket_path, journal, cwd=cwd, masks=masks), env, cwd, self.id, stdio,
+                hold=relayed.fileno() if relayed is not None else None)
         except OSError as exc:
             log.error("worker %s could not be started: %s", self.id, exc)
         finally:
@@ -473,7 +478,17 @@ async def _readable(loop: asyncio.AbstractEventLoop, fd: int, timeout: float | N
     return bool(done)
 
 
-def _kill_tree(pid: int) -> None:
+_DEVNULL: list[int] = []
+
+
+def _devnull() -> int:
+    """/dev/null, opened once (close-on-exec: the spawner gives it to the worker as its stdin)."""
+    if not _DEVNULL:
+        _DEVNULL.append(os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC))
+    return _DEVNULL[0]
+
+
+def kill_tree(pid: int) -> None:
     """SIGKILL the worker's process group and any descendants that left it (setsid, double fork)."""
     try:
         descendants = psutil.Process(pid).children(recursive=True)

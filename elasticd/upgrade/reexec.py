@@ -42,9 +42,8 @@ import psutil
 from elasticd import __version__
 from elasticd.front import handover as front_handover
 from elasticd.front import takeover as front_takeover
-from elasticd.supervisor.adopted import AdoptedProcess, start_time
 from elasticd.supervisor.lifecycle import WorkerState
-from elasticd.supervisor.worker_process import Adopt
+from elasticd.supervisor.worker_process import Adopt, kill_tree
 from elasticd.upgrade.adoption import Verdict, plan_adoption
 from elasticd.upgrade.report import DONE, FAILED, FRESH, REFUSED, NotKept, UpgradeReport
 from elasticd.upgrade.snapshot import restore_buckets, restore_users, saved_buckets, saved_users
@@ -63,6 +62,7 @@ if TYPE_CHECKING:
     from elasticd.cgroup.activation import Activation
     from elasticd.config import Config
     from elasticd.front import Front
+    from elasticd.keeper.link import KeeperLink, KeptRow
     from elasticd.limits.runtime import RuntimeLimits
     from elasticd.listeners import Listeners
     from elasticd.pool.channel_server import ChannelServer
@@ -87,6 +87,8 @@ class UpgradeHost(Protocol):
     listeners: Listeners
     notifier: Notifier
     upstreams: UpstreamLists
+    keeper: KeeperLink | None
+    kept_rows: list[KeptRow]
 
     @property
     def stopping(self) -> bool: ...
@@ -231,7 +233,7 @@ class ReExec:
         workers = []
         for worker, listed in daemon.supervisor.alive():
             pid = worker.pid
-            started = start_time(pid) if pid is not None else None
+            started = worker.process_started()
             if pid is None or started is None or worker.state not in _SAVED_STATES:
                 continue  # no process to carry on watching (in backoff, stopping): its group's floor restarts it
             workers.append(SavedWorker(worker.id, worker.tenant, worker.app, worker.group, pid, started,
@@ -257,11 +259,14 @@ class ReExec:
         taken), its users, buckets, overrides and worker numbers."""
         daemon = self._daemon
         if saved is None:
+            killed = _stop_unadopted(daemon, set())
             if refused is not None:
-                killed = _kill_children(set())
                 log.error("upgrade: the previous image's state cannot be taken (%s): starting fresh; its %d workers "
                           "were stopped", refused, killed)
                 self.report = UpgradeReport(FRESH, self.generation, os.getpid(), "?", __version__, error=refused)
+            elif killed:
+                log.warning("the keeper had %d workers of an elasticd before this one, and no state to adopt them "
+                            "by: stopped", killed)
             return
         handover = saved.handover
         self.generation = (handover.generation if handover is not None else 0) + 1
@@ -270,7 +275,8 @@ class ReExec:
         config = daemon.config
         desired = supervisor.desired(config)
         groups = {"/".join(key): digest(want.spec) for key, want in desired.items()}
-        alive = {w.pid: started for w in saved.workers if (started := start_time(w.pid)) is not None}
+        # The keeper's word on which processes live, and since when: the workers are its children, not this one's.
+        alive = {row.pid: row.started for row in daemon.kept_rows if row.code is None}
         plan = plan_adoption(saved, groups, alive)
         kept: list[tuple[str, tuple[str, str, str], Adopt, int, bool]] = []
         leaving: list[tuple[str, tuple[str, str, str], Adopt, bool]] = []
@@ -278,11 +284,8 @@ class ReExec:
         for worker, verdict, reason in plan.workers:
             key = (worker.tenant, worker.app, worker.group)
             process = None
-            if verdict is not Verdict.GONE:
-                try:
-                    process = AdoptedProcess(worker.pid)
-                except OSError as exc:
-                    verdict, reason = Verdict.GONE, f"pid {worker.pid} cannot be watched: {exc}"
+            if verdict is not Verdict.GONE and daemon.keeper is not None:
+                process = daemon.keeper.watch(worker.pid, alive[worker.pid])
             if process is None:
                 if worker.output is not None:
                     with contextlib.suppress(OSError):
@@ -303,7 +306,7 @@ class ReExec:
         supervisor.carried_in = asyncio.Event()  # (set by serving(): the retiring wait for what was carried to them)
         supervisor.adopt(config, kept, leaving, numbers)
         adopted_pids = {w.pid for w in saved.workers if w.pid in alive}
-        killed = _kill_children(adopted_pids)
+        killed = _stop_unadopted(daemon, adopted_pids)
         if killed:
             log.warning("upgrade: %d processes of the previous image's that were no adopted worker were killed "
                         "(workers being stopped, or started since the state was written)", killed)
@@ -381,6 +384,30 @@ async def preflight(argv: list[str]) -> str | None:
 def _group_key(name: str) -> tuple[str, str, str] | None:
     parts = name.split("/")
     return (parts[0], parts[1], parts[2]) if len(parts) == 3 else None
+
+
+def _stop_unadopted(daemon: UpgradeHost, keep: set[int]) -> int:
+    """Every worker of the keeper's that no adopted worker is (being stopped by the previous image, or started after
+    its state was written): killed, its exit then read by the keeper (watched, so that the keeper forgets it); what
+    the keeper told had ended is forgotten; the held output descriptors of its table are closed (a re-exec carries
+    elasticd's own). Then this process's own children that are neither a worker nor the keeper. How many were
+    killed."""
+    keeper = daemon.keeper
+    killed = 0
+    for row in daemon.kept_rows:
+        if row.output is not None:
+            with contextlib.suppress(OSError):
+                os.close(row.output)
+        if keeper is None:
+            continue
+        if row.code is not None:
+            keeper.forget(row.pid)
+        elif row.pid not in keep:
+            kill_tree(row.pid)
+            keeper.watch(row.pid, row.started)
+            killed += 1
+    daemon.kept_rows = []
+    return killed + _kill_children(keep | ({keeper.keeper_pid} if keeper is not None else set()))
 
 
 def _kill_children(keep: set[int]) -> int:

@@ -1,0 +1,62 @@
+"""Finding the keeper at a start: the one listening at the socket (the keeper's unit's; or, after a re-exec in place,
+the one this process started before the exec), else one elasticd starts itself, tied to its life.
+
+A keeper of elasticd's own (``--parent-death``: SIGTERM to it when elasticd dies, and it stops the workers) gives a
+start from a terminal, ``./dev run`` and the tests what a unit without a keeper had: workers that end with elasticd.
+It is forked from the event loop's thread, as the workers were: the parent-death signal follows the thread that
+forked, and a re-exec in place keeps that thread (the keeper, and the workers, stay).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+from typing import Final
+
+from elasticd.keeper.link import KeeperLink, KeptRow
+
+__all__ = ["keeper_socket", "reach_keeper"]
+
+log = logging.getLogger("elasticd.keeper")
+
+_LISTEN_WAIT: Final = 15.0
+
+
+def keeper_socket(runtime_dir: str) -> str:
+    return os.path.join(runtime_dir, "keeper", "keeper.sock")
+
+
+async def reach_keeper(path: str, *, start: bool) -> tuple[KeeperLink, list[KeptRow]]:
+    """The keeper at ``path`` (its table too); with ``start``, one started here when none listens. OSError when none
+    can be reached."""
+    try:
+        return await KeeperLink.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError):
+        if not start:
+            raise
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "elasticd.keeper", "--socket", path, "--parent-death", "--orphan-bound", "0",
+        stdin=asyncio.subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": _package_root()})
+    deadline = asyncio.get_running_loop().time() + _LISTEN_WAIT
+    while True:
+        if process.returncode is not None:
+            raise OSError(f"elasticd's keeper exited at its start (status {process.returncode})")
+        with contextlib.suppress(FileNotFoundError, ConnectionRefusedError):
+            link, rows = await KeeperLink.connect(path)
+            log.info("elasticd's own keeper (pid %d) started: the workers end with elasticd", link.keeper_pid)
+            return link, rows
+        if asyncio.get_running_loop().time() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            raise OSError(f"elasticd's keeper did not listen at {path} within {_LISTEN_WAIT:g}s")
+        await asyncio.sleep(0.02)
+
+
+def _package_root() -> str:
+    """Where this elasticd package is imported from, first on the keeper's path: the keeper runs the same code."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    existing = os.environ.get("PYTHONPATH")
+    return f"{root}{os.pathsep}{existing}" if existing else root
