@@ -237,8 +237,15 @@ class DaemonControl:
                 "ok": last.ok, "error": last.error, "problems": last.problems,
                 "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last.at))},
             "descriptors": self._descriptors(),
+            "began": self._began(),
             "tenants": tenants,
         }
+
+    def _began(self) -> dict[str, Any]:
+        """How this instance began: a start, an upgrade in place, or after a crash (what it adopted then)."""
+        began = dict(self.upgrade_state().get("began") or {"how": "start", "at": self._started_at})
+        began["at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(began["at"]))
+        return began
 
     def _descriptors(self) -> dict[str, Any]:
         """elasticd's open descriptors against its limit: what the admin socket says when they run low (it keeps a

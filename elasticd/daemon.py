@@ -43,6 +43,8 @@ from elasticd.config.changes import changed_tenants
 from elasticd.config.include import ParsedFiles
 from elasticd.config.notices import balancer_warnings, few, isolation_warnings, restart_only_changes
 from elasticd.control import DaemonControl, DaemonParts, ReloadResult
+from elasticd.crash.keeping import StateKeeping
+from elasticd.crash.stored_state import StoredState
 from elasticd.front import Front, RouteTable
 from elasticd.front.serving import BACKLOG
 from elasticd.keeper.link import KeeperLink, KeptRow
@@ -67,12 +69,14 @@ from elasticd.supervisor.lifecycle import GONE, WILL_SERVE, WorkerState
 from elasticd.supervisor.spawn import channel_path
 from elasticd.supervisor.supervisor import Supervisor
 from elasticd.supervisor.worker_process import Worker
-from elasticd.systemd import Notifier, forget_stored, listen_fds, setup_logging, store_listeners
+from elasticd.systemd import Notifier, forget_stored, listen_fds, setup_logging, store_listeners, store_state
 from elasticd.tenant_files.runtime import TenantChange, TenantFiles
 from elasticd.upgrade.inherited import close_strays, kept_descriptors
-from elasticd.upgrade.reexec import ReExec, read_inherited_state
+from elasticd.upgrade.reexec import ReExec, read_inherited_state, running_state
 from elasticd.upgrade.state import READS as STATE_FORMATS_READ
-from elasticd.upgrade.state import SavedState
+from elasticd.upgrade.state import SavedState, StateError
+from elasticd.upgrade.state import dump as dump_state
+from elasticd.upgrade.state import load as load_state
 from elasticd.upstream_lists import UpstreamLists
 from elasticd.worker_ids import parse_worker_id
 
@@ -91,8 +95,10 @@ class Daemon:
     __slots__ = (
         "_controllers",
         "_draining_stop",
+        "_keeper_path",
         "_reload_lock",
         "_said",
+        "_state_fds",
         "_stop",
         "_tasks",
         "activity",
@@ -107,6 +113,7 @@ class Daemon:
         "front",
         "inherited",
         "keeper",
+        "keeping",
         "kept_rows",
         "last_reload",
         "last_written",
@@ -127,7 +134,7 @@ class Daemon:
 
     def __init__(self, config: Config, config_path: str, inherited: SavedState | None = None,
                  refused_state: str | None = None, stored: Mapping[str, list[int]] | None = None,
-                 parsed: ParsedFiles | None = None) -> None:
+                 parsed: ParsedFiles | None = None, keeper: str | None = None) -> None:
         self.config = config
         self.config_path = config_path
         # The included files' last good parse: a reload parses only the files that changed (config/include.py).
@@ -139,6 +146,8 @@ class Daemon:
         # Every listening socket, by name: the previous image's when it handed them over; kept for the next one.
         # Every listening socket, by name: the previous image's when it handed them over, or systemd's store's after a
         # restart (``stored``); held for the next image, and for the store.
+        stored = dict(stored or {})
+        self._state_fds = stored.pop("state", [])  # the running state's memfd, if the store kept one (elasticd/crash)
         self.listeners = Listeners(inherited.listeners if inherited is not None else stored)
         self.listeners.on_discard = forget_stored
         self.notifier = Notifier()
@@ -209,6 +218,10 @@ class Daemon:
         # workers, for the adoption).
         self.keeper: KeeperLink | None = None
         self.kept_rows: list[KeptRow] = []
+        # The keeper's socket when it runs in a unit of its own (--keeper): the workers then outlive a crash of
+        # elasticd. None: elasticd starts a keeper of its own, tied to its life.
+        self._keeper_path = keeper
+        self.keeping: StateKeeping | None = None  # the running state, kept in systemd's store for a crash
 
     # ------------------------------------------------------------------ wiring for the parts
 
@@ -419,11 +432,19 @@ class Daemon:
                 # The previous image moved this process from its own cgroup (the base) into <base>/server at its
                 # start: the base is the one it claimed, not the cgroup this process is in now.
                 cgroups = replace(cgroups, path=saved.cgroup_base)
+            if self._keeper_path is not None:
+                # The keeper's unit: its cgroup is the tenants' base (it moved itself into <base>/keeper), unless the
+                # configuration names one.
+                self.keeper, self.kept_rows = await reach_keeper(self._keeper_path, start=False)
+                if self.keeper.base is not None and cgroups.path is None:
+                    cgroups = replace(cgroups, path=self.keeper.base)
             self.cgroups.claim(cgroups)
             os.makedirs(os.path.join(server.runtime_dir, "workers"), mode=0o755, exist_ok=True)
-            # After the claim: a keeper started here is forked from <base>/server, where elasticd is by now.
-            self.keeper, self.kept_rows = await reach_keeper(keeper_socket(server.runtime_dir), start=True)
+            if self.keeper is None:
+                # After the claim: a keeper started here is forked from <base>/server, where elasticd is by now.
+                self.keeper, self.kept_rows = await reach_keeper(keeper_socket(server.runtime_dir), start=True)
             self.supervisor.spawner = self.keeper
+            crashed = self._keep_state(saved)
             if saved is not None:
                 self.notifier.start_watchdog()  # (the previous image fed it until the exec: one process throughout)
             await self.api.start(self.listeners)
@@ -443,7 +464,10 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
             loop.add_signal_handler(signum, self._on_signal, signum.name)
-        self.reexec.adopt(saved, refused)
+        if crashed is not None:
+            self.reexec.adopt(crashed, None, crash=True)
+        else:
+            self.reexec.adopt(saved, refused)
         activation = self._track(self._activate(self.config, None,
                                                 saved.channel_inodes if saved is not None else None))
         stop = loop.create_task(self._stop.wait())
@@ -464,6 +488,9 @@ class Daemon:
             # (Behind a balancer, not the front's: a host that stops must refuse connections, so that HAProxy sends
             # them to the others at once, rather than leave them in a backlog while it restarts.)
             store_listeners(self.listeners, front=self.agent is None)
+            if self.keeping is not None:
+                self.keeping.write(force=True)
+                self._track(self.keeping.run())
             self._track(self.sampler.run(self.config.server.sample_interval))
             self._track(self.pool.run())
             self.notifier.ready(self.supervisor.summary())
@@ -473,6 +500,40 @@ class Daemon:
             await stop
         await self._shutdown()
         return 0
+
+    def _keep_state(self, saved: SavedState | None) -> SavedState | None:
+        """The memfd that keeps the running state in systemd's store (elasticd/crash): the previous image's after a
+        re-exec, the store's after a crash or a restart, else a new one handed to the store. What a crashed instance
+        left in it, when it is whole (None: nothing to adopt by)."""
+        fds, self._state_fds = self._state_fds, []
+        crashed = None
+        if saved is not None and saved.state_store is not None:
+            stored = StoredState(saved.state_store)
+            stored.read()  # (where the next record goes)
+        elif fds:
+            stored = StoredState(fds[0])
+            for extra in fds[1:]:
+                os.close(extra)
+            chosen = stored.read()
+            if chosen.body is not None:
+                try:
+                    crashed = load_state(chosen.body)
+                except StateError as exc:
+                    log.error("the running state an elasticd before this one left in systemd's store cannot be taken "
+                              "(%s): its workers are stopped, not adopted", exc)
+            elif chosen.seen and any("torn" in seen for seen in chosen.seen):
+                log.error("the running state in systemd's store is torn (%s): its workers are stopped, not adopted",
+                          "; ".join(chosen.seen))
+        else:
+            stored = StoredState.made()
+            store_state(stored.fd)
+        self.keeping = StateKeeping(stored, lambda: dump_state(running_state(self, outputs=False)), self._state_mark)
+        return crashed
+
+    def _state_mark(self) -> tuple[int, int, str]:
+        """What changes when the kept state does (cheaper than the document): workers, users, overrides."""
+        return (self.supervisor.changes, self.front.surface.changes,
+                repr(sorted(self.limits.overrides.items())) if self.limits.overrides else "")
 
     def _on_signal(self, name: str) -> None:
         getattr(self, f"_on_{name.lower()}")()
@@ -524,6 +585,9 @@ class Daemon:
         await self.front.stop(self.config.server.stop_timeout)
         await self.capacity.aclose()
         await self.supervisor.stop_all()
+        if self.keeping is not None:
+            forget_stored("state")  # a clean stop: what the next instance finds is no crash's
+            self.keeping.stored.close()
         if self.keeper is not None:
             self.keeper.stop()  # (its workers stopped: the keeper goes too)
         await self.cgroups.drain_all(self.config)
@@ -558,6 +622,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--state-format", type=int, metavar="N",
                         help="with --check: also refuse (1) unless this elasticd reads a re-exec state of format N "
                              "(the preflight of `elasticctl upgrade`)")
+    parser.add_argument("--keeper", metavar="SOCKET",
+                        help="the socket of the keeper's unit (elasticd-keeper.service): workers are started through "
+                             "it and outlive a crash of elasticd; without it elasticd starts a keeper of its own, "
+                             "tied to its life")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--version", action="version", version=f"elasticd {__version__}")
     return parser
@@ -595,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     path = str(Path(args.config).resolve())
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(Daemon(config, path, saved, refused, stored, parsed).run())
+        return runner.run(Daemon(config, path, saved, refused, stored, parsed, args.keeper).run())
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -228,6 +228,13 @@ def store_listeners(listeners: Listeners, *, front: bool = True) -> None:
             _send_fds(address, f"FDSTORE=1\nFDNAME={name}".encode(), fds)
 
 
+def store_state(fd: int) -> None:
+    """Hand the memfd keeping the running state (elasticd/crash) to systemd's store, once: it is rewritten in place."""
+    address = notify_address(os.environ.get("NOTIFY_SOCKET"))
+    if address is not None:
+        _send_fds(address, b"FDSTORE=1\nFDNAME=state", [fd])
+
+
 def forget_stored(name: str) -> None:
     """Ask systemd to drop what it stores under ``name`` (a socket for an address the configuration no longer has)."""
     address = notify_address(os.environ.get("NOTIFY_SOCKET"))
@@ -243,8 +250,8 @@ def _send_fds(address: str, message: bytes, fds: list[int]) -> None:
             ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
             sock.sendmsg([message], ancillary, 0, address)
     except OSError as exc:
-        log.warning("cannot hand sockets to systemd's store (%s): a restart refuses connections meanwhile",
-                    exc)
+        log.warning("cannot hand descriptors to systemd's store (%s): a restart refuses connections meanwhile, and "
+                    "a crash loses the running state", exc)
 
 
 def listen_fds(environ: MutableMapping[str, str]) -> dict[str, list[int]]:

@@ -6,6 +6,7 @@ The daemon is stopped by its pid at the end; every worker pid it reported is che
 
 from __future__ import annotations
 
+import array
 import contextlib
 import http.client
 import json
@@ -71,14 +72,56 @@ def browse(d: Daemon, path: str, cookie: str | None = None, host: str = "shop.lo
         conn.close()
 
 
+# Started as a restarted service is: the stored descriptors moved to 3, 4, … (in the order LISTEN_FDNAMES names them)
+# and LISTEN_PID set to the very process that then execs elasticd (sd_listen_fds(3) checks it).
+_LISTEN_EXEC = """\
+import fcntl, os, sys
+fds = [int(fd) for fd in sys.argv[1].split(",")]
+copies = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 1000) for fd in fds]
+for index, fd in enumerate(copies):
+    os.dup2(fd, 3 + index)
+os.environ.update(LISTEN_FDS=str(len(fds)), LISTEN_PID=str(os.getpid()))
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
 class NotifySocket:
-    """The systemd side of sd_notify: a datagram socket collecting every message the daemon sends."""
+    """The systemd side of sd_notify: a datagram socket collecting every message the daemon sends, and systemd's
+    file-descriptor store (``FDSTORE=1`` with ``FDNAME=``, ``FDSTOREREMOVE=1``): what it keeps is handed to the next
+    start as ``LISTEN_FDS`` (``Daemon.crash``), as systemd hands it to a restarted service."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(str(path))
         self.messages: list[dict[str, str]] = []
+        self.store: dict[str, list[int]] = {}
+
+    def _take(self, data: bytes, ancdata: list) -> None:
+        fds = array.array("i")
+        for level, kind, payload in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+        message = dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line)
+        self.messages.append(message)
+        name = message.get("FDNAME", "stored")
+        if message.get("FDSTORE") == "1":
+            kept = self.store.setdefault(name, [])
+            for fd in fds:  # (systemd keeps one copy of a file however often it is sent)
+                if any(os.path.samestat(os.fstat(fd), os.fstat(old)) for old in kept):
+                    os.close(fd)
+                else:
+                    kept.append(fd)
+            return
+        if message.get("FDSTOREREMOVE") == "1":
+            for fd in self.store.pop(name, []):
+                os.close(fd)
+        for fd in fds:
+            os.close(fd)
+
+    def _receive(self) -> None:
+        data, ancdata, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(64 * 4))
+        self._take(data, ancdata)
 
     def wait_for(self, key: str, value: str | None = None, timeout: float = 30.0, after: int = 0) -> dict[str, str]:
         """The first message (from index ``after``) that sets ``key`` (to ``value``)."""
@@ -95,18 +138,16 @@ class NotifySocket:
                 raise AssertionError(f"no {key}={value} from the daemon in {timeout}s; got {self.messages}")
             self.sock.settimeout(remaining)
             try:
-                data = self.sock.recv(65536)
+                self._receive()
             except TimeoutError:
                 continue
-            self.messages.append(dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line))
 
     def drain(self) -> None:
         """Collect what was sent and not yet read (e.g. STOPPING=1 from a daemon that has exited)."""
         self.sock.setblocking(False)
         try:
             while True:
-                data = self.sock.recv(65536)
-                self.messages.append(dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line))
+                self._receive()
         except BlockingIOError:
             pass
         finally:
@@ -116,12 +157,18 @@ class NotifySocket:
         if self.sock.fileno() != -1:
             self.drain()
             self.sock.close()
+        for fds in self.store.values():
+            for fd in fds:
+                os.close(fd)
+        self.store.clear()
 
 
 class Daemon:
     def __init__(self, tmp: Path, tenants_yaml: str, *, mode: str = "required", stop_timeout: str = "3s",
-                 extra_server: str = "", host: str = "127.0.0.1", netns: str | None = None) -> None:
+                 extra_server: str = "", host: str = "127.0.0.1", netns: str | None = None,
+                 args: tuple[str, ...] = ()) -> None:
         self.tmp = tmp
+        self.args = args  # more of elasticd's command line (--keeper SOCKET: a keeper of the test's, as its unit's)
         self.cgroup = fake_cgroup_tree(tmp / "cg")
         self.runtime = tmp / "run"
         self.admin = tmp / "admin.sock"
@@ -149,20 +196,29 @@ class Daemon:
     def write_config(self, tenants_yaml: str) -> None:
         self.config_path.write_text(self.server_yaml + textwrap.dedent(tenants_yaml))
 
-    def start(self, wait_ready: bool = True, nofile: int | None = None, ready_timeout: float = 30.0) -> None:
-        """``nofile``: the daemon's descriptor limit (soft and hard), as a unit's LimitNOFILE= sets it."""
+    def start(self, wait_ready: bool = True, nofile: int | None = None, ready_timeout: float = 30.0,
+              stored: bool = False) -> None:
+        """``nofile``: the daemon's descriptor limit (soft and hard), as a unit's LimitNOFILE= sets it. ``stored``:
+        with what the store keeps passed as systemd passes it (LISTEN_FDS, from descriptor 3, and their names)."""
         env = {**os.environ, "NOTIFY_SOCKET": str(self.notify.path)}
         env.pop("JOURNAL_STREAM", None)
         mark = len(self.notify.messages)
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         inside = ["ip", "netns", "exec", self.netns] if self.netns is not None else []
+        passed = [(name, fd) for name, fds in self.notify.store.items() for fd in fds] if stored else []
+        wrapper = []
+        if passed:
+            env["LISTEN_FDNAMES"] = ":".join(name for name, _ in passed)
+            wrapper = [PYTHON, "-c", _LISTEN_EXEC, ",".join(str(fd) for _, fd in passed)]
 
         def limit() -> None:
             if nofile is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-        self.process = subprocess.Popen([*inside, PYTHON, "-m", "elasticd.daemon", "--config", str(self.config_path)],
+        self.process = subprocess.Popen([*inside, *wrapper, PYTHON, "-m", "elasticd.daemon", "--config",
+                                         str(self.config_path), *self.args],
                                         env=env, stdout=self.log, stderr=subprocess.STDOUT,
-                                        preexec_fn=limit if nofile is not None else None)
+                                        preexec_fn=limit if nofile is not None else None,
+                                        pass_fds=[fd for _, fd in passed])
         if wait_ready:
             self.notify.wait_for("READY", "1", after=mark, timeout=ready_timeout)
 
@@ -253,6 +309,16 @@ class Daemon:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{what}: not within {timeout}s; pool: {json.dumps(found)[:4000]}")
             time.sleep(0.1)
+
+    def crash(self, signum: int = 9) -> None:  # (SIGKILL: the class's own signal() hides the module here)
+        """elasticd dies (SIGKILL: no word of its own) and is started again as systemd restarts it: with what it
+        left in the store."""
+        assert self.process is not None
+        self.process.send_signal(signum)
+        self.process.wait(30)
+        self.log.close()
+        self.notify.drain()  # (what it sent the store before it died)
+        self.start(stored=True)
 
     def restart(self) -> None:
         """SIGTERM and wait, then start again on the same files (and the same notify socket)."""

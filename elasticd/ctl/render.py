@@ -43,6 +43,11 @@ def render_status(status: dict[str, Any]) -> str:
     out = [f"elasticd {status['version']}  pid {status['pid']}  up {_duration(status['uptime'])}  "
            f"front {status['listen']}  config {status['config']}",
            f"cgroups: {cgroups}"]
+    began = status.get("began") or {}
+    if began.get("how") in ("crash", "upgrade"):
+        not_adopted = began.get("not_adopted") or []
+        out.append(f"began: after {'a crash' if began['how'] == 'crash' else 'an upgrade in place'} at {began['at']}: "
+                   f"{began.get('adopted', 0)} workers adopted, {len(not_adopted)} not")
     descriptors = status.get("descriptors") or {}
     if descriptors.get("low"):
         out.append(f"descriptors: LOW: {descriptors['warning']}")

@@ -30,13 +30,22 @@ def keeper_socket(runtime_dir: str) -> str:
 
 
 async def reach_keeper(path: str, *, start: bool) -> tuple[KeeperLink, list[KeptRow]]:
-    """The keeper at ``path`` (its table too); with ``start``, one started here when none listens. OSError when none
-    can be reached."""
+    """The keeper at ``path`` (its table too); with ``start``, one started here when none listens; without, the one
+    of its unit, waited for (it may be starting: the units start in order, a restart of its own is quick). OSError
+    when none can be reached."""
+    if not start:
+        deadline = asyncio.get_running_loop().time() + _LISTEN_WAIT
+        while True:
+            try:
+                return await KeeperLink.connect(path)
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise OSError(f"no keeper listens at {path} (is elasticd-keeper.service running?): {exc}") from None
+            await asyncio.sleep(0.1)
     try:
         return await KeeperLink.connect(path)
     except (FileNotFoundError, ConnectionRefusedError):
-        if not start:
-            raise
+        pass
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "elasticd.keeper", "--socket", path, "--parent-death", "--orphan-bound", "0",
         stdin=asyncio.subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": _package_root()})

@@ -27,6 +27,8 @@ def kept_descriptors(saved: SavedState | None, stored: Mapping[str, list[int]]) 
         keep.update(fd for request in saved.requests for fd in (request.client, request.upstream))
         keep.update(request.client for request in saved.unsent)
         keep.update(worker.output for worker in saved.workers if worker.output is not None)
+        if saved.state_store is not None:
+            keep.add(saved.state_store)
     return keep
 
 

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import psutil
 
 from elasticd import __version__
+from elasticd.config.notices import few
 from elasticd.front import handover as front_handover
 from elasticd.front import takeover as front_takeover
 from elasticd.supervisor.lifecycle import WorkerState
@@ -61,6 +62,7 @@ from elasticd.upgrade.state import (
 if TYPE_CHECKING:
     from elasticd.cgroup.activation import Activation
     from elasticd.config import Config
+    from elasticd.crash.keeping import StateKeeping
     from elasticd.front import Front
     from elasticd.keeper.link import KeeperLink, KeptRow
     from elasticd.limits.runtime import RuntimeLimits
@@ -89,6 +91,7 @@ class UpgradeHost(Protocol):
     upstreams: UpstreamLists
     keeper: KeeperLink | None
     kept_rows: list[KeptRow]
+    keeping: StateKeeping | None
 
     @property
     def stopping(self) -> bool: ...
@@ -134,19 +137,23 @@ def read_inherited_state(environ: dict[str, str] | os._Environ[str]) -> tuple[Sa
 
 
 class ReExec:
-    __slots__ = ("_began", "_daemon", "_gap_began", "generation", "report", "under_way")
+    __slots__ = ("_began", "_daemon", "_gap_began", "began", "generation", "report", "under_way")
 
     def __init__(self, daemon: UpgradeHost) -> None:
         self._daemon = daemon
         self.under_way = False
         self.report: UpgradeReport | None = None
         self.generation = 0
+        # How this instance began (GET /v1/status): a start, an upgrade in place, or after a crash; with what it
+        # adopted then.
+        self.began: dict[str, Any] = {"how": "start", "at": time.time(), "adopted": 0, "not_adopted": []}
         self._began = self._gap_began = 0.0  # (the new image's: when the upgrade was asked, when accepting stopped)
 
     def state(self) -> dict[str, Any]:
         """``GET /v1/upgrade``: this process, whether a hand-over is under way, and the last report."""
         return {"pid": os.getpid(), "version": __version__, "generation": self.generation,
-                "under_way": self.under_way, "report": self.report.as_json() if self.report is not None else None}
+                "under_way": self.under_way, "report": self.report.as_json() if self.report is not None else None,
+                "began": self.began}
 
     # ------------------------------------------------------------------ the old image
 
@@ -199,6 +206,8 @@ class ReExec:
                 env = dict(os.environ)
                 env[STATE_ENV] = str(memfd)
                 outputs = [w.output for w in state.workers if w.output is not None]
+                if state.state_store is not None:
+                    outputs.append(state.state_store)  # (carried as the outputs are: undone the same way)
                 for fd in outputs:
                     os.set_inheritable(fd, True)
                 log.info("upgrade: %d workers, %d users, %d connections, %d tunnels, %d requests awaiting their "
@@ -230,33 +239,21 @@ class ReExec:
 
     def _state(self, settled: front_handover.Settled, began: float, stopped_accepting: float) -> SavedState:
         daemon = self._daemon
-        workers = []
-        for worker, listed in daemon.supervisor.alive():
-            pid = worker.pid
-            started = worker.process_started()
-            if pid is None or started is None or worker.state not in _SAVED_STATES:
-                continue  # no process to carry on watching (in backoff, stopping): its group's floor restarts it
-            workers.append(SavedWorker(worker.id, worker.tenant, worker.app, worker.group, pid, started,
-                                       worker.socket_path, worker.token, digest(worker.spec), worker.restarts,
-                                       worker.served, worker.sandboxed, listed, worker.output_fd()))
         handover = SavedHandover(self.generation, __version__, began, stopped_accepting, settled.waited, settled.cut,
                                  settled.closed)
-        return SavedState(
-            workers=tuple(workers), users=saved_users(daemon.front.surface),
-            overrides={t: dict(values) for t, values in daemon.limits.overrides.items()},
-            buckets=saved_buckets(daemon.front.quotas),
-            next_ids={"/".join(key): number for key, number in daemon.supervisor.next_numbers().items()},
-            written_at=time.monotonic(), listeners=daemon.listeners.handover(),
-            channel_inodes=daemon.channel.inodes(), connections=tuple(settled.connections),
-            tunnels=tuple(settled.tunnels),
-            requests=tuple(settled.requests), unsent=tuple(settled.unsent),
-            handover=handover, cgroup_base=daemon.cgroups.base if daemon.cgroups.enforced else None)
+        keeping = daemon.keeping
+        return replace(running_state(daemon, outputs=True), listeners=daemon.listeners.handover(),
+                       connections=tuple(settled.connections), tunnels=tuple(settled.tunnels),
+                       requests=tuple(settled.requests), unsent=tuple(settled.unsent), handover=handover,
+                       state_store=keeping.stored.fd if keeping is not None else None)
 
     # ------------------------------------------------------------------ the new image
 
-    def adopt(self, saved: SavedState | None, refused: str | None) -> None:
-        """Before the first activation: take the previous image's workers (or kill them, when the state cannot be
-        taken), its users, buckets, overrides and worker numbers."""
+    def adopt(self, saved: SavedState | None, refused: str | None, *, crash: bool = False) -> None:
+        """Before the first activation: take the previous image's workers (or stop them, when the state cannot be
+        taken), its users, buckets, overrides and worker numbers. ``crash``: the state is the one kept in systemd's
+        store by an instance that died (elasticd/crash): its workers' output pipes are the keeper's held ones, and
+        no connection was carried."""
         daemon = self._daemon
         if saved is None:
             killed = _stop_unadopted(daemon, set())
@@ -268,15 +265,18 @@ class ReExec:
                 log.warning("the keeper had %d workers of an elasticd before this one, and no state to adopt them "
                             "by: stopped", killed)
             return
+        said = "after a crash" if crash else "upgrade"
         handover = saved.handover
-        self.generation = (handover.generation if handover is not None else 0) + 1
-        self.under_way = True  # until the front accepts again and the report is whole (``serving``)
+        if not crash:
+            self.generation = (handover.generation if handover is not None else 0) + 1
+            self.under_way = True  # until the front accepts again and the report is whole (``serving``)
         supervisor = daemon.supervisor
         config = daemon.config
         desired = supervisor.desired(config)
         groups = {"/".join(key): digest(want.spec) for key, want in desired.items()}
         # The keeper's word on which processes live, and since when: the workers are its children, not this one's.
         alive = {row.pid: row.started for row in daemon.kept_rows if row.code is None}
+        held = {row.pid: row.output for row in daemon.kept_rows if row.output is not None}
         plan = plan_adoption(saved, groups, alive)
         kept: list[tuple[str, tuple[str, str, str], Adopt, int, bool]] = []
         leaving: list[tuple[str, tuple[str, str, str], Adopt, bool]] = []
@@ -291,30 +291,47 @@ class ReExec:
                     with contextlib.suppress(OSError):
                         os.close(worker.output)
                 not_kept.append(NotKept(worker.id, verdict.value, reason))
-                log.warning("upgrade: worker %s not adopted: %s", worker.id, reason)
+                log.warning("%s: worker %s not adopted: %s", said, worker.id, reason)
                 continue
-            adopt = Adopt(process, worker.token, worker.output)
+            output = worker.output
+            if output is None and crash:  # (its pipe's read end: the keeper's, held while no elasticd read it)
+                output = held.get(worker.pid)
+                daemon.kept_rows = [replace(row, output=None) if row.pid == worker.pid else row
+                                    for row in daemon.kept_rows]
+            adopt = Adopt(process, worker.token, output)
             if verdict is Verdict.ADOPT and worker.listed:
                 kept.append((worker.id, key, adopt, worker.restarts, worker.served))
             else:
                 why = reason if verdict is not Verdict.ADOPT else "it was being retired"
                 leaving.append((worker.id, key, adopt, worker.sandboxed))
                 not_kept.append(NotKept(worker.id, verdict.value if verdict is not Verdict.ADOPT else "retiring", why))
-                log.info("upgrade: worker %s adopted to be retired: %s", worker.id, why)
+                log.info("%s: worker %s adopted to be retired: %s", said, worker.id, why)
         numbers = {group: number for name, number in saved.next_ids.items()
                    if (group := _group_key(name)) is not None}
-        supervisor.carried_in = asyncio.Event()  # (set by serving(): the retiring wait for what was carried to them)
+        if not crash:
+            supervisor.carried_in = asyncio.Event()  # (set by serving(): the retiring wait for what was carried in)
         supervisor.adopt(config, kept, leaving, numbers)
         adopted_pids = {w.pid for w in saved.workers if w.pid in alive}
         killed = _stop_unadopted(daemon, adopted_pids)
         if killed:
-            log.warning("upgrade: %d processes of the previous image's that were no adopted worker were killed "
-                        "(workers being stopped, or started since the state was written)", killed)
+            log.warning("%s: %d processes of the previous instance's that were no adopted worker were killed "
+                        "(workers being stopped, or started since the state was written)", said, killed)
         kept_ids = {worker_id for worker_id, *_ in kept}
         users = restore_users(daemon.front.surface, saved.users, lambda user: user.worker in kept_ids)
         restore_buckets(daemon.front.quotas, saved.buckets)
         daemon.limits.overrides.update({tenant: dict(values) for tenant, values in saved.overrides.items()
                                         if tenant in config.tenants})
+        self.began = {"how": "crash" if crash else "upgrade", "at": time.time(), "adopted": len(kept_ids),
+                      "not_adopted": [{"worker": row.worker, "verdict": row.verdict, "reason": row.reason}
+                                      for row in not_kept], "users_kept": users,
+                      "users_dropped": len(saved.users) - users}
+        if crash:
+            age = time.monotonic() - saved.written_at
+            log.warning("elasticd began after a crash: %d workers adopted, %d not (%s); %d users kept, %d not; the "
+                        "state was written %.1fs before this start", len(kept_ids), len(not_kept),
+                        few([row.worker for row in not_kept]) if not_kept else "none", users,
+                        len(saved.users) - users, age)
+            return
         now = time.monotonic()
         gap_began = handover.stopped_accepting if handover is not None else now
         self.report = UpgradeReport(
@@ -355,6 +372,28 @@ class ReExec:
                  len(report.kept), len(report.not_kept), report.users_kept, connections, tunnels, requests,
                  (now - self._gap_began) * 1000)
         self.under_way = False
+
+
+def running_state(daemon: UpgradeHost, *, outputs: bool) -> SavedState:
+    """What the next image needs of the running one, descriptors aside: its workers (``outputs``: with the read end of
+    each one's output pipe, which an exec keeps open; a crash does not), users, overrides, quota buckets, worker
+    numbers, channel socket inodes and the cgroup base."""
+    workers = []
+    for worker, listed in daemon.supervisor.alive():
+        pid = worker.pid
+        started = worker.process_started()
+        if pid is None or started is None or worker.state not in _SAVED_STATES:
+            continue  # no process to carry on watching (in backoff, stopping): its group's floor restarts it
+        workers.append(SavedWorker(worker.id, worker.tenant, worker.app, worker.group, pid, started,
+                                   worker.socket_path, worker.token, digest(worker.spec), worker.restarts,
+                                   worker.served, worker.sandboxed, listed, worker.output_fd() if outputs else None))
+    return SavedState(
+        workers=tuple(workers), users=saved_users(daemon.front.surface),
+        overrides={t: dict(values) for t, values in daemon.limits.overrides.items()},
+        buckets=saved_buckets(daemon.front.quotas),
+        next_ids={"/".join(key): number for key, number in daemon.supervisor.next_numbers().items()},
+        written_at=time.monotonic(), channel_inodes=daemon.channel.inodes(),
+        cgroup_base=daemon.cgroups.base if daemon.cgroups.enforced else None)
 
 
 async def preflight(argv: list[str]) -> str | None:

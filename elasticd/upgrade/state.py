@@ -141,6 +141,9 @@ class SavedState:
     unsent: tuple[SavedUnsent, ...] = ()
     handover: SavedHandover | None = None
     cgroup_base: str | None = None  # the cgroup base the old image claimed (it lives in <base>/server by now)
+    # The descriptor of the memfd that keeps this state in systemd's store for a crash (elasticd/crash), kept open
+    # across the exec: the next image goes on writing it (None: none; an image before it had none).
+    state_store: int | None = None
     format: int = FORMAT
 
 
@@ -219,7 +222,8 @@ def load(data: bytes) -> SavedState:
                       requests=requests, unsent=unsent,
                       handover=SavedHandover(**_fields(handover, _HANDOVER, "handover")) if handover is not None
                       else None,
-                      cgroup_base=_typed(raw.get("cgroup_base"), (str, type(None)), "cgroup_base"), format=version)
+                      cgroup_base=_typed(raw.get("cgroup_base"), (str, type(None)), "cgroup_base"),
+                      state_store=_typed(raw.get("state_store"), (int, type(None)), "state_store"), format=version)
 
 
 def _seq(value: object, where: str) -> list[Any]:

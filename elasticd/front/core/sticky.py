@@ -133,10 +133,11 @@ class Surface:
     """user id → SurfaceUser; and the newcomers, users given a cookie whose first request is credited to them
     until they come back with it (``consumption.Newcomers``)."""
 
-    __slots__ = ("moving", "newcomers", "ttl", "users")
+    __slots__ = ("changes", "moving", "newcomers", "ttl", "users")
 
     def __init__(self, ttl: float) -> None:
         self.ttl = ttl
+        self.changes = 0  # bumped as users are placed, log in or out, are released or forgotten (the crash state's cue)
         self.users: dict[str, SurfaceUser] = {}
         self.newcomers = Newcomers()
         self.moving = 0  # users flagged moving: while none is, the request path asks nothing about moves
@@ -153,6 +154,7 @@ class Surface:
     def assign(self, user: str, worker: str, now: float, group: str | None = None, app: str = "") -> SurfaceUser:
         """Point ``user`` at ``worker`` (placing a new user, re-placing one whose worker went, a move), in
         ``group`` of ``app`` when given (a move stays within its group)."""
+        self.changes += 1
         entry = self.users.get(user)
         if entry is None:
             entry = self.users[user] = SurfaceUser(worker, now, self.newcomers.claim(user), group or "", app)
@@ -176,6 +178,7 @@ class Surface:
         """A worker (of ``group``) said ``X-Elastic-Login: name`` (None for ``-``, logged out) answering ``user``.
         A user who logs out is chosen a group again at its next request: after a blue/green switch, that is
         where it leaves the old group (its worker is kept when the choice is the same group)."""
+        self.changes += 1
         entry = self.users.get(user)
         if entry is None:
             entry = self.users[user] = SurfaceUser(worker, now, self.newcomers.claim(user), group, app)
@@ -187,6 +190,7 @@ class Surface:
     def release(self, worker: str) -> int:
         """The worker is gone (its process and its users' state with it): its users are re-placed at their
         next request, wherever placement says, even if a new process comes back under the same id."""
+        self.changes += 1
         released = 0
         for entry in list(self.users.values()):
             if entry.worker == worker:
@@ -196,6 +200,7 @@ class Surface:
         return released
 
     def forget(self, user: str) -> SurfaceUser | None:
+        self.changes += 1
         entry = self.users.pop(user, None)
         if entry is not None and entry.moving:
             self.moving -= 1
