@@ -48,7 +48,7 @@ from elasticd.crash.stored_state import StoredState
 from elasticd.front import Front, RouteTable
 from elasticd.front.serving import BACKLOG
 from elasticd.keeper.link import KeeperLink, KeptRow
-from elasticd.keeper.own import keeper_socket, reach_keeper
+from elasticd.keeper.own import KeeperSpawner, keeper_socket, reach_keeper
 from elasticd.limits.overrides import effective
 from elasticd.limits.runtime import RuntimeLimits
 from elasticd.listeners import Listeners
@@ -68,7 +68,7 @@ from elasticd.probes.wiring import CapacityWiring
 from elasticd.supervisor.lifecycle import GONE, WILL_SERVE, WorkerState
 from elasticd.supervisor.spawn import channel_path
 from elasticd.supervisor.supervisor import Supervisor
-from elasticd.supervisor.worker_process import Worker
+from elasticd.supervisor.worker_process import Worker, kill_tree
 from elasticd.systemd import Notifier, forget_stored, listen_fds, setup_logging, store_listeners, store_state
 from elasticd.tenant_files.runtime import TenantChange, TenantFiles
 from elasticd.upgrade.inherited import close_strays, kept_descriptors
@@ -98,6 +98,7 @@ class Daemon:
         "_keeper_path",
         "_reload_lock",
         "_said",
+        "_spawner",
         "_state_fds",
         "_stop",
         "_tasks",
@@ -221,6 +222,7 @@ class Daemon:
         # The keeper's socket when it runs in a unit of its own (--keeper): the workers then outlive a crash of
         # elasticd. None: elasticd starts a keeper of its own, tied to its life.
         self._keeper_path = keeper
+        self._spawner: KeeperSpawner | None = None  # the workers' way to the keeper, across a loss of it
         self.keeping: StateKeeping | None = None  # the running state, kept in systemd's store for a crash
 
     # ------------------------------------------------------------------ wiring for the parts
@@ -443,7 +445,9 @@ class Daemon:
             if self.keeper is None:
                 # After the claim: a keeper started here is forked from <base>/server, where elasticd is by now.
                 self.keeper, self.kept_rows = await reach_keeper(keeper_socket(server.runtime_dir), start=True)
-            self.supervisor.spawner = self.keeper
+            self.keeper.on_lost = self._on_keeper_lost
+            self._spawner = KeeperSpawner(self.keeper)
+            self.supervisor.spawner = self._spawner
             crashed = self._keep_state(saved)
             if saved is not None:
                 self.notifier.start_watchdog()  # (the previous image fed it until the exec: one process throughout)
@@ -529,6 +533,36 @@ class Daemon:
             store_state(stored.fd)
         self.keeping = StateKeeping(stored, lambda: dump_state(running_state(self, outputs=False)), self._state_mark)
         return crashed
+
+    def _on_keeper_lost(self) -> None:
+        if not self.stopping:
+            self._track(self._reach_keeper_again())
+
+    async def _reach_keeper_again(self) -> None:
+        """The keeper's connection ended unasked (the keeper died, or its unit was restarted): its workers went with
+        it and restart through the next keeper, reached here (elasticd's own: started anew)."""
+        log.error("the keeper's connection ended: its workers are gone with it (they restart once a keeper is "
+                  "reached again)")
+        assert self._spawner is not None
+        self._spawner.lost()
+        path = self._keeper_path or keeper_socket(self.config.server.runtime_dir)
+        while not self.stopping:
+            try:
+                link, rows = await reach_keeper(path, start=self._keeper_path is None)
+            except OSError as exc:
+                log.error("no keeper reached yet: %s; trying again", exc)
+                await asyncio.sleep(1.0)
+                continue
+            for row in rows:  # (a keeper that outlived the connection: its children are no worker of this one's)
+                if row.output is not None:
+                    os.close(row.output)
+                if row.code is None:
+                    kill_tree(row.pid)
+            link.on_lost = self._on_keeper_lost
+            self.keeper = link
+            self._spawner.replace(link)
+            log.info("a keeper (pid %d) is reached again: the workers restart through it", link.keeper_pid)
+            return
 
     def _state_mark(self) -> tuple[int, int, str]:
         """What changes when the kept state does (cheaper than the document): workers, users, overrides."""

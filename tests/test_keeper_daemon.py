@@ -54,3 +54,22 @@ def test_workers_are_the_keepers_children_and_end_with_elasticds_own_keeper(daem
     while not all(_gone(pid) for pid in [*pids, keeper]):
         assert time.monotonic() < deadline, [pid for pid in [*pids, keeper] if not _gone(pid)]
         time.sleep(0.1)
+
+
+def test_a_lost_keeper_takes_its_workers_and_they_restart_through_the_next(daemons, tmp_path):
+    d = daemons(APP.format(root=tmp_path))
+    d.start()
+    workers = d.wait_workers("acme", "shop", "green", lambda ws: len(ws) == 2 and all(w["pid"] for w in ws))
+    pids = [w["pid"] for w in workers]
+    keeper = psutil.Process(pids[0]).ppid()
+    psutil.Process(keeper).kill()  # the keeper dies (a bug, the OOM killer): its children with it
+    workers = d.wait_workers("acme", "shop", "green", lambda ws: len(ws) == 2 and all(
+        w["pid"] and w["pid"] not in pids and w["state"] == "running" for w in ws))
+    second = {psutil.Process(w["pid"]).ppid() for w in workers}
+    assert len(second) == 1 and keeper not in second
+    assert psutil.Process(second.pop()).ppid() == d.process.pid  # elasticd's own, started anew
+    log = d.log_text()
+    assert "the keeper's connection ended: its workers are gone with it" in log
+    assert "a keeper (pid" in log and "is reached again" in log
+    for pid in [*pids, keeper]:
+        assert _gone(pid)

@@ -14,7 +14,7 @@ import contextlib
 import os
 import signal
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -77,7 +77,7 @@ class KeptProcess:
 
 
 class KeeperLink:
-    __slots__ = ("_closed", "_early", "_kept", "_pending", "_seq", "_sock", "base", "keeper_pid")
+    __slots__ = ("_closed", "_early", "_kept", "_pending", "_seq", "_sock", "base", "keeper_pid", "on_lost")
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
@@ -89,6 +89,7 @@ class KeeperLink:
         self._closed = False
         self.keeper_pid = 0
         self.base: str | None = None  # the tenants' cgroup base, when the keeper's unit gives one
+        self.on_lost: Callable[[], None] | None = None  # the keeper's connection ended, unasked
 
     @classmethod
     async def connect(cls, path: str) -> tuple[KeeperLink, list[KeptRow]]:
@@ -160,6 +161,9 @@ class KeeperLink:
         self.close()
 
     def close(self) -> None:
+        """The connection ends. Every child still watched ends with it: a keeper gone took its children along (their
+        parent-death signal, or systemd stopping its unit), and one left would be nobody's to read, so it is killed
+        (through its pidfd: never another process). Each reads as killed (SIGKILL), and its worker restarts."""
         if self._closed:
             return
         self._closed = True
@@ -170,6 +174,10 @@ class KeeperLink:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(lost)
+        for process in list(self._kept.values()):
+            process.send_signal(signal.SIGKILL)
+            process._exited(-signal.SIGKILL)
+        self._kept.clear()
 
     # ------------------------------------------------------------------ the socket
 
@@ -228,6 +236,8 @@ class KeeperLink:
                 return
             except (OSError, WireError):
                 self.close()
+                if self.on_lost is not None:
+                    self.on_lost()
                 return
             for fd in fds:  # (none is expected after the table)
                 os.close(fd)

@@ -14,15 +14,45 @@ import contextlib
 import logging
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from typing import Final
 
-from elasticd.keeper.link import KeeperLink, KeptRow
+from elasticd.keeper.link import KeeperLink, KeptProcess, KeptRow
 
-__all__ = ["keeper_socket", "reach_keeper"]
+__all__ = ["KeeperSpawner", "keeper_socket", "reach_keeper"]
 
 log = logging.getLogger("elasticd.keeper")
 
 _LISTEN_WAIT: Final = 15.0
+
+
+class KeeperSpawner:
+    """What the workers are started through: the keeper's link of the moment. When the keeper is lost (its workers
+    with it), the daemon reaches another (one of its own, started anew; or its unit's, restarted by systemd), and a
+    start waits for it meanwhile, up to ``_LISTEN_WAIT``."""
+
+    __slots__ = ("_up", "link")
+
+    def __init__(self, link: KeeperLink) -> None:
+        self.link = link
+        self._up = asyncio.Event()
+        self._up.set()
+
+    def lost(self) -> None:
+        self._up.clear()
+
+    def replace(self, link: KeeperLink) -> None:
+        self.link = link
+        self._up.set()
+
+    async def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, label: str,
+                    stdio: tuple[int, int, int], hold: int | None = None) -> KeptProcess:
+        if not self._up.is_set():
+            try:
+                await asyncio.wait_for(self._up.wait(), _LISTEN_WAIT)
+            except TimeoutError:
+                raise OSError("no keeper to start it through (the keeper was lost and not reached again)") from None
+        return await self.link.spawn(argv, env, cwd, label, stdio, hold)
 
 
 def keeper_socket(runtime_dir: str) -> str:
