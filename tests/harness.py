@@ -321,12 +321,14 @@ class Daemon:
         self.start(stored=True)
 
     def restart(self) -> None:
-        """SIGTERM and wait, then start again on the same files (and the same notify socket)."""
+        """SIGTERM and wait, then start again on the same files (and the same notify socket), with what the store
+        kept, as ``systemctl restart`` does."""
         assert self.process is not None
         self.process.send_signal(signal.SIGTERM)
         self.process.wait(30)
         self.log.close()
-        self.start()
+        self.notify.drain()
+        self.start(stored=True)
 
     def stop(self, timeout: float = 30.0) -> int | None:
         if self.process is None:

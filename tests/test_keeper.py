@@ -219,7 +219,10 @@ def test_elasticds_link_spawns_watches_and_adopts_through_the_keeper(keeper):
         os.close(read_end)
         with pytest.raises(OSError, match=r"the keeper could not start it: .*No such file"):
             await link.spawn(["/nonexistent"], ENV, "/", "acme.shop.green.3", (0, 1, 2))
-        link.close()  # as a crash would: the connection goes, the keeper keeps the child
+        # As a crash would: the connection goes with the process, and nothing is said (close() would stop the children
+        # it watches, as a clean end does).
+        asyncio.get_running_loop().remove_reader(link._sock.fileno())
+        link._sock.close()
         return kept.pid, process.pid
 
     pid, _ = asyncio.run(first())
