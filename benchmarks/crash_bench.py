@@ -145,7 +145,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="load before the kill, and after it")
     parser.add_argument("--repo", type=Path, default=REPO, help="the checkout whose daemon runs (the before)")
     args = parser.parse_args()
-    runs = [("own keeper (tied to elasticd)", False)] if args.repo != REPO else [
+    runs = [("that checkout's elasticd (its workers its children, or its own keeper's)", False)] if args.repo != REPO else [
         ("keeper in its own unit", True), ("own keeper (tied to elasticd)", False)]
     print(f"{args.workers} workers, {args.clients} clients flat out, SIGKILL of elasticd {args.seconds:g}s in, "
           f"then a start with the store's descriptors ({args.repo})")
