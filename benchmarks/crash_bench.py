@@ -145,8 +145,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="load before the kill, and after it")
     parser.add_argument("--repo", type=Path, default=REPO, help="the checkout whose daemon runs (the before)")
     args = parser.parse_args()
-    runs = [("that checkout's elasticd (its workers its children, or its own keeper's)", False)] if args.repo != REPO else [
-        ("keeper in its own unit", True), ("own keeper (tied to elasticd)", False)]
+    runs = [("keeper in its own unit", True), ("own keeper (tied to elasticd)", False)]
+    if args.repo != REPO:
+        runs = [("that checkout's elasticd (its workers its children, or its own keeper's)", False)]
     print(f"{args.workers} workers, {args.clients} clients flat out, SIGKILL of elasticd {args.seconds:g}s in, "
           f"then a start with the store's descriptors ({args.repo})")
     for name, with_keeper in runs:
