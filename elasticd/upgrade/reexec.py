@@ -278,6 +278,13 @@ class ReExec:
         alive = {row.pid: row.started for row in daemon.kept_rows if row.code is None}
         held = {row.pid: row.output for row in daemon.kept_rows if row.output is not None}
         plan = plan_adoption(saved, groups, alive)
+        # A worker an elasticd before the keeper started is this process's own child, not the keeper's: it is
+        # replaced once (the keeper could never read its status), and said so rather than "gone".
+        own = _own_children()
+        plan = replace(plan, workers=tuple(
+            (worker, verdict, "started before the keeper (the previous elasticd's own child): replaced once")
+            if verdict is Verdict.GONE and worker.pid in own else (worker, verdict, reason)
+            for worker, verdict, reason in plan.workers))
         kept: list[tuple[str, tuple[str, str, str], Adopt, int, bool]] = []
         leaving: list[tuple[str, tuple[str, str, str], Adopt, bool]] = []
         not_kept = []
@@ -447,6 +454,13 @@ def _stop_unadopted(daemon: UpgradeHost, keep: set[int]) -> int:
             killed += 1
     daemon.kept_rows = []
     return killed + _kill_children(keep | ({keeper.keeper_pid} if keeper is not None else set()))
+
+
+def _own_children() -> set[int]:
+    try:
+        return {child.pid for child in psutil.Process().children()}
+    except psutil.Error:
+        return set()
 
 
 def _kill_children(keep: set[int]) -> int:
