@@ -102,6 +102,11 @@ def _read(path: str) -> str:
         return f"read {len(f.read(4096))} bytes of {path}"
 
 
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[1])
+
+
 def _attempts() -> dict[str, tuple[str, object]]:
     """name → (what it tries, how): the callables are made at each request, so each request tries afresh."""
     leaf = own_leaf()
@@ -113,8 +118,10 @@ def _attempts() -> dict[str, tuple[str, object]]:
                        lambda: _write(base / "server" / "cgroup.procs", str(os.getpid()))),
         "read_shadow": ("read /etc/shadow", lambda: _read("/etc/shadow")),
         "create_in_etc": (f"create /etc/{MARK}-<pid>", lambda: _create("/etc")),
-        "kill_elasticd": (f"SIGTERM its parent, elasticd (pid {os.getppid()})",
-                          lambda: os.kill(os.getppid(), signal.SIGTERM)),
+        "kill_keeper": (f"SIGTERM its parent, elasticd's keeper (pid {os.getppid()})",
+                        lambda: os.kill(os.getppid(), signal.SIGTERM)),
+        "kill_elasticd": (f"SIGTERM elasticd, its parent's parent (pid {_parent_of(os.getppid())})",
+                          lambda: os.kill(_parent_of(os.getppid()), signal.SIGTERM)),
         "create_in_good_root": (f"create {GOOD_ROOT}/{MARK}-<pid>", lambda: _create(GOOD_ROOT)),
         "connect_good_socket": (f"connect to {GOOD_SOCKET}", lambda: _connect(GOOD_SOCKET)),
         "setuid_root": ("setuid(0)", lambda: os.setuid(0)),

@@ -15,15 +15,16 @@ reused when they exist, removed at the end). Two tenants, each with its ``user:`
 
 The attempts, every one of which must fail with the kernel's EACCES or EPERM: write ``max 100000`` into its own
 tenant's cpu.max; put its pid into ``<base>/server/cgroup.procs``; read /etc/shadow; create a file in /etc;
-SIGTERM its parent (elasticd); create a file in the good tenant's root; connect to the good tenant's worker socket;
-setuid(0); SIGTERM the good tenant's worker; read that worker's /proc/<pid>/environ (its channel token).
+SIGTERM its parent (elasticd's keeper) and elasticd; create a file in the good tenant's root; connect to the good
+tenant's worker socket; setuid(0); SIGTERM the good tenant's worker; read that worker's /proc/<pid>/environ (its
+channel token).
 
 Then, measured from outside: the worker runs as eltevil with no supplementary groups, no capability (CapEff,
-CapPrm, CapBnd, CapAmb 0), NoNewPrivs 1, in /srv/evil/app, as a child of elasticd, in its leaf, with a clean
-environment; elasticd is active with the same MainPID; the tenant's cpu.max is unchanged; no new file in /etc or
-/srv/good/app; the good worker still answers 200 with the same pid; its socket directory is 0700 and eltgood's;
-``elasticctl status`` shows each tenant's user; elasticd's journal has no "runs as root" warning and no refused
-channel peer (the good demo announces itself as eltgood).
+CapPrm, CapBnd, CapAmb 0), NoNewPrivs 1, in /srv/evil/app, as a child of elasticd's keeper (itself elasticd's
+child), in its leaf, with a clean environment; elasticd is active with the same MainPID; the tenant's cpu.max is
+unchanged; no new file in /etc or /srv/good/app; the good worker still answers 200 with the same pid; its socket
+directory is 0700 and eltgood's; ``elasticctl status`` shows each tenant's user; elasticd's journal has no "runs as
+root" warning and no refused channel peer (the good demo announces itself as eltgood).
 
 The end: elasticd is stopped (the users' workers must be gone before userdel), the suite's file written back
 (the next scenario starts elasticd on its own config), and the two users removed, best effort.
@@ -222,8 +223,12 @@ def _scenario(users: dict[str, Any], began: float) -> tuple[str, dict[str, Any]]
     check(ps["NoNewPrivs"] == "1", f"the worker's NoNewPrivs is {ps['NoNewPrivs']!r}")
     check(rep["pid"] == evil_w["pid"], f"/attempts was answered by pid {rep['pid']}, the status shows the evil "
           f"worker as {evil_w['pid']}")
-    check(rep["ppid"] == main, f"the worker's parent is pid {rep['ppid']} ({rep['parent_comm']}), not elasticd's "
-          f"MainPID {main}")
+    keeper = rep["ppid"]  # elasticd's keeper (elasticd/keeper: the parent of every worker), elasticd's own child
+    keeper_parent = int(read(Path(f"/proc/{keeper}/stat")).rsplit(")", 1)[1].split()[1])
+    keeper_line = read(Path(f"/proc/{keeper}/cmdline")).replace("\0", " ")
+    check(keeper_parent == main and "elasticd.keeper" in keeper_line,
+          f"the worker's parent is pid {keeper} ({rep['parent_comm']}: {keeper_line!r}), whose parent is "
+          f"{keeper_parent}: not elasticd's keeper, the child of elasticd's MainPID {main}")
     check(rep["cwd"] == str(EVIL_ROOT), f"the worker's cwd is {rep['cwd']!r}, not its app root {EVIL_ROOT}")
     check(rep["cgroup"] == str(evil_leaf), f"the worker's cgroup is {rep['cgroup']}, not {evil_leaf}")
     env = rep["env"]
