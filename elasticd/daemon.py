@@ -44,7 +44,6 @@ from elasticd.config.include import ParsedFiles
 from elasticd.config.notices import balancer_warnings, few, isolation_warnings, restart_only_changes
 from elasticd.control import DaemonControl, DaemonParts, ReloadResult
 from elasticd.crash.keeping import StateKeeping
-from elasticd.crash.stored_state import StoredState
 from elasticd.front import Front, RouteTable
 from elasticd.front.serving import BACKLOG
 from elasticd.keeper.link import KeeperLink, KeptRow
@@ -68,15 +67,14 @@ from elasticd.probes.wiring import CapacityWiring
 from elasticd.supervisor.lifecycle import GONE, WILL_SERVE, WorkerState
 from elasticd.supervisor.spawn import channel_path
 from elasticd.supervisor.supervisor import Supervisor
-from elasticd.supervisor.worker_process import Worker, kill_tree
-from elasticd.systemd import Notifier, forget_stored, listen_fds, setup_logging, store_listeners, store_state
+from elasticd.supervisor.worker_process import Worker
+from elasticd.systemd import Notifier, forget_stored, listen_fds, setup_logging, store_listeners
 from elasticd.tenant_files.runtime import TenantChange, TenantFiles
 from elasticd.upgrade.inherited import close_strays, kept_descriptors
-from elasticd.upgrade.reexec import ReExec, read_inherited_state, running_state
+from elasticd.upgrade.reexec import ReExec, read_inherited_state, running_state, stop_unadopted
 from elasticd.upgrade.state import READS as STATE_FORMATS_READ
-from elasticd.upgrade.state import SavedState, StateError
+from elasticd.upgrade.state import SavedState
 from elasticd.upgrade.state import dump as dump_state
-from elasticd.upgrade.state import load as load_state
 from elasticd.upstream_lists import UpstreamLists
 from elasticd.worker_ids import parse_worker_id
 
@@ -506,32 +504,11 @@ class Daemon:
         return 0
 
     def _keep_state(self, saved: SavedState | None) -> SavedState | None:
-        """The memfd that keeps the running state in systemd's store (elasticd/crash): the previous image's after a
-        re-exec, the store's after a crash or a restart, else a new one handed to the store. What a crashed instance
-        left in it, when it is whole (None: nothing to adopt by)."""
+        """The running state, kept in systemd's store from now on (elasticd/crash); what a crashed instance left."""
         fds, self._state_fds = self._state_fds, []
-        crashed = None
-        if saved is not None and saved.state_store is not None:
-            stored = StoredState(saved.state_store)
-            stored.read()  # (where the next record goes)
-        elif fds:
-            stored = StoredState(fds[0])
-            for extra in fds[1:]:
-                os.close(extra)
-            chosen = stored.read()
-            if chosen.body is not None:
-                try:
-                    crashed = load_state(chosen.body)
-                except StateError as exc:
-                    log.error("the running state an elasticd before this one left in systemd's store cannot be taken "
-                              "(%s): its workers are stopped, not adopted", exc)
-            elif chosen.seen and any("torn" in seen for seen in chosen.seen):
-                log.error("the running state in systemd's store is torn (%s): its workers are stopped, not adopted",
-                          "; ".join(chosen.seen))
-        else:
-            stored = StoredState.made()
-            store_state(stored.fd)
-        self.keeping = StateKeeping(stored, lambda: dump_state(running_state(self, outputs=False)), self._state_mark)
+        self.keeping, crashed = StateKeeping.opened(
+            saved.state_store if saved is not None else None, fds,
+            lambda: dump_state(running_state(self, outputs=False)), self._state_mark)
         return crashed
 
     def _on_keeper_lost(self) -> None:
@@ -553,13 +530,9 @@ class Daemon:
                 log.error("no keeper reached yet: %s; trying again", exc)
                 await asyncio.sleep(1.0)
                 continue
-            for row in rows:  # (a keeper that outlived the connection: its children are no worker of this one's)
-                if row.output is not None:
-                    os.close(row.output)
-                if row.code is None:
-                    kill_tree(row.pid)
             link.on_lost = self._on_keeper_lost
-            self.keeper = link
+            self.keeper, self.kept_rows = link, rows
+            stop_unadopted(self, set())  # (a keeper that outlived the connection: its children are no one's now)
             self._spawner.replace(link)
             log.info("a keeper (pid %d) is reached again: the workers restart through it", link.keeper_pid)
             return

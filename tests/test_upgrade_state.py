@@ -102,3 +102,11 @@ def test_partial_adoption(name, groups, alive, verdicts, kept):
     assert len(adoption.users) == kept and adoption.dropped_users == 2 - kept
     assert all(why for _, _, why in adoption.workers)  # each verdict says why, for the journal
     assert [w.id for w in adoption.of(Verdict.ADOPT)] == [w.id for w, v, _ in adoption.workers if v is Verdict.ADOPT]
+
+
+def test_a_worker_of_a_build_before_the_keeper_is_replaced_once_and_said_so():
+    """It lives, but as the previous elasticd's own child, not the keeper's: not adopted, and not called gone."""
+    adoption = plan_adoption(STATE, GROUPS, {4243: 1001}, foreign={4242})
+    (first, verdict, why), (_, second, _) = adoption.workers
+    assert (first.pid, verdict, second) == (4242, Verdict.GONE, Verdict.ADOPT)
+    assert why == "started before the keeper (the previous elasticd's own child): replaced once"

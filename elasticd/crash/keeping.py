@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Hashable
 from typing import Final
 
 from elasticd.crash.stored_state import StoredState
+from elasticd.systemd import store_state
+from elasticd.upgrade.state import SavedState, StateError, load
 
 __all__ = ["BOUND", "MIN_INTERVAL", "StateKeeping", "next_interval"]
 
@@ -47,6 +50,37 @@ class StateKeeping:
         self._over = False  # said once that the state is over the bound
         self.interval = MIN_INTERVAL
         self.writes = 0
+
+    @classmethod
+    def opened(cls, carried: int | None, stored: list[int], snapshot: Callable[[], bytes],
+               fingerprint: Callable[[], Hashable]) -> tuple[StateKeeping, SavedState | None]:
+        """The memfd a re-exec ``carried``, the one systemd's store kept (``stored``: after a crash or a restart), or a
+        new one handed to the store; and the state a crashed instance left in it, when it is whole (None: nothing to
+        adopt by, said when it was torn or unreadable)."""
+        crashed = None
+        if carried is not None:
+            memfd = StoredState(carried)
+            memfd.read()  # (where the next record goes)
+            for extra in stored:
+                os.close(extra)
+        elif stored:
+            memfd = StoredState(stored[0])
+            for extra in stored[1:]:
+                os.close(extra)
+            chosen = memfd.read()
+            if chosen.body is not None:
+                try:
+                    crashed = load(chosen.body)
+                except StateError as exc:
+                    log.error("the running state an elasticd before this one left in systemd's store cannot be taken "
+                              "(%s): its workers are stopped, not adopted", exc)
+            elif chosen.torn:
+                log.error("the running state in systemd's store is torn (%s): its workers are stopped, not adopted",
+                          "; ".join(chosen.seen))
+        else:
+            memfd = StoredState.made()
+            store_state(memfd.fd)
+        return cls(memfd, snapshot, fingerprint), crashed
 
     def write(self, *, force: bool = False) -> bool:
         """Write the state if it changed since the last write (or ``force``). True when written."""

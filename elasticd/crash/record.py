@@ -47,6 +47,7 @@ class Chosen:
     body: bytes | None
     sequence: int
     seen: tuple[str, ...]
+    torn: bool = False  # a slot held a record that is not whole (a crash in the middle of its write)
 
 
 def _digest(body: bytes) -> bytes:
@@ -79,14 +80,17 @@ def choose(slots: dict[str, tuple[Header | None, bytes | None]]) -> Chosen:
     """``slots``: name → (its header, the body bytes read for it; None when not read). The whole record with the
     highest sequence wins; a header whose body is short or whose digest differs is torn."""
     seen = []
+    torn = False
     best: tuple[int, bytes] | None = None
     for name, (header, body) in sorted(slots.items(), key=lambda item: -(item[1][0].sequence if item[1][0] else 0)):
         if header is None:
             seen.append(f"slot {name}: empty")
             continue
         if header.length > MAX_BODY or body is None or len(body) != header.length:
+            torn = True
             seen.append(f"slot {name}: sequence {header.sequence}, torn (its body is shorter than its header says)")
         elif _digest(body) != header.digest:
+            torn = True
             seen.append(f"slot {name}: sequence {header.sequence}, torn (its digest differs)")
         elif best is None:
             best = (header.sequence, body)
@@ -94,5 +98,5 @@ def choose(slots: dict[str, tuple[Header | None, bytes | None]]) -> Chosen:
         else:
             seen.append(f"slot {name}: sequence {header.sequence}, older")
     if best is None:
-        return Chosen(None, 0, tuple(seen))
-    return Chosen(best[1], best[0], tuple(seen))
+        return Chosen(None, 0, tuple(seen), torn)
+    return Chosen(best[1], best[0], tuple(seen), torn)

@@ -63,35 +63,40 @@ async def reach_keeper(path: str, *, start: bool) -> tuple[KeeperLink, list[Kept
     """The keeper at ``path`` (its table too); with ``start``, one started here when none listens; without, the one
     of its unit, waited for (it may be starting: the units start in order, a restart of its own is quick). OSError
     when none can be reached."""
-    if not start:
-        deadline = asyncio.get_running_loop().time() + _LISTEN_WAIT
-        while True:
-            try:
-                return await KeeperLink.connect(path)
-            except (FileNotFoundError, ConnectionRefusedError) as exc:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise OSError(f"no keeper listens at {path} (is elasticd-keeper.service running?): {exc}") from None
-            await asyncio.sleep(0.1)
-    try:
-        return await KeeperLink.connect(path)
-    except (FileNotFoundError, ConnectionRefusedError):
-        pass
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "elasticd.keeper", "--socket", path, "--parent-death", "--orphan-bound", "0",
-        stdin=asyncio.subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": _package_root()})
-    deadline = asyncio.get_running_loop().time() + _LISTEN_WAIT
-    while True:
-        if process.returncode is not None:
-            raise OSError(f"elasticd's keeper exited at its start (status {process.returncode})")
-        with contextlib.suppress(FileNotFoundError, ConnectionRefusedError):
-            link, rows = await KeeperLink.connect(path)
-            log.info("elasticd's own keeper (pid %d) started: the workers end with elasticd", link.keeper_pid)
-            return link, rows
-        if asyncio.get_running_loop().time() > deadline:
+    if start:
+        try:
+            return await KeeperLink.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            pass
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "elasticd.keeper", "--socket", path, "--parent-death", "--orphan-bound", "0",
+            stdin=asyncio.subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": _package_root()})
+        try:
+            link, rows = await _connect_within(path, process)
+        except OSError:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
-            raise OSError(f"elasticd's keeper did not listen at {path} within {_LISTEN_WAIT:g}s")
-        await asyncio.sleep(0.02)
+            raise
+        log.info("elasticd's own keeper (pid %d) started: the workers end with elasticd", link.keeper_pid)
+        return link, rows
+    return await _connect_within(path, None)
+
+
+async def _connect_within(path: str, process: asyncio.subprocess.Process | None) -> tuple[KeeperLink, list[KeptRow]]:
+    """Connect to ``path`` as soon as it listens, within ``_LISTEN_WAIT`` (and while ``process``, the keeper started
+    here, runs)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _LISTEN_WAIT
+    while True:
+        if process is not None and process.returncode is not None:
+            raise OSError(f"elasticd's keeper exited at its start (status {process.returncode})")
+        try:
+            return await KeeperLink.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            if loop.time() > deadline:
+                whose = "elasticd's keeper" if process is not None else "the keeper's unit (elasticd-keeper.service)"
+                raise OSError(f"{whose} did not listen at {path} within {_LISTEN_WAIT:g}s: {exc}") from None
+        await asyncio.sleep(0.02 if process is not None else 0.1)
 
 
 def _package_root() -> str:

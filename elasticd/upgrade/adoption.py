@@ -11,7 +11,7 @@ next request, as after a restart.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -37,14 +37,19 @@ class Adoption:
         return [worker for worker, said, _ in self.workers if said is verdict]
 
 
-def plan_adoption(saved: SavedState, groups: Mapping[str, str], alive: Mapping[int, int]) -> Adoption:
+def plan_adoption(saved: SavedState, groups: Mapping[str, str], alive: Mapping[int, int],
+                  foreign: Collection[int] = ()) -> Adoption:
     """``groups``: "tenant/app/group" → the digest of its definition in the new configuration; ``alive``: pid →
-    its process's start time, for the saved pids that exist now."""
+    its process's start time, for the saved pids that exist now; ``foreign``: pids that live but are not the
+    keeper's (the previous elasticd's own children, from a build before the keeper: replaced once)."""
     rows = []
     for worker in saved.workers:
         key = f"{worker.tenant}/{worker.app}/{worker.group}"
         started = alive.get(worker.pid)
-        if started is None:
+        if started is None and worker.pid in foreign:
+            rows.append((worker, Verdict.GONE, "started before the keeper (the previous elasticd's own child): "
+                                               "replaced once"))
+        elif started is None:
             rows.append((worker, Verdict.GONE, f"pid {worker.pid} is gone"))
         elif started != worker.started:
             rows.append((worker, Verdict.GONE, f"pid {worker.pid} is another process now (started at {started}, "

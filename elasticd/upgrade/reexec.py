@@ -256,7 +256,7 @@ class ReExec:
         no connection was carried."""
         daemon = self._daemon
         if saved is None:
-            killed = _stop_unadopted(daemon, set())
+            killed = stop_unadopted(daemon, set())
             if refused is not None:
                 log.error("upgrade: the previous image's state cannot be taken (%s): starting fresh; its %d workers "
                           "were stopped", refused, killed)
@@ -277,14 +277,9 @@ class ReExec:
         # The keeper's word on which processes live, and since when: the workers are its children, not this one's.
         alive = {row.pid: row.started for row in daemon.kept_rows if row.code is None}
         held = {row.pid: row.output for row in daemon.kept_rows if row.output is not None}
-        plan = plan_adoption(saved, groups, alive)
-        # A worker an elasticd before the keeper started is this process's own child, not the keeper's: it is
-        # replaced once (the keeper could never read its status), and said so rather than "gone".
-        own = _own_children()
-        plan = replace(plan, workers=tuple(
-            (worker, verdict, "started before the keeper (the previous elasticd's own child): replaced once")
-            if verdict is Verdict.GONE and worker.pid in own else (worker, verdict, reason)
-            for worker, verdict, reason in plan.workers))
+        # (a worker an elasticd before the keeper started is this process's own child, not the keeper's)
+        plan = plan_adoption(saved, groups, alive, foreign=_own_children())
+        taken: set[int] = set()  # the pids whose held output pipe an adopted worker reads from now on
         kept: list[tuple[str, tuple[str, str, str], Adopt, int, bool]] = []
         leaving: list[tuple[str, tuple[str, str, str], Adopt, bool]] = []
         not_kept = []
@@ -301,10 +296,9 @@ class ReExec:
                 log.warning("%s: worker %s not adopted: %s", said, worker.id, reason)
                 continue
             output = worker.output
-            if output is None and crash:  # (its pipe's read end: the keeper's, held while no elasticd read it)
-                output = held.get(worker.pid)
-                daemon.kept_rows = [replace(row, output=None) if row.pid == worker.pid else row
-                                    for row in daemon.kept_rows]
+            if output is None and crash and worker.pid in held:  # (the keeper's, held while no elasticd read it)
+                output = held[worker.pid]
+                taken.add(worker.pid)
             adopt = Adopt(process, worker.token, output)
             if verdict is Verdict.ADOPT and worker.listed:
                 kept.append((worker.id, key, adopt, worker.restarts, worker.served))
@@ -318,8 +312,9 @@ class ReExec:
         if not crash:
             supervisor.carried_in = asyncio.Event()  # (set by serving(): the retiring wait for what was carried in)
         supervisor.adopt(config, kept, leaving, numbers)
+        daemon.kept_rows = [replace(row, output=None) if row.pid in taken else row for row in daemon.kept_rows]
         adopted_pids = {w.pid for w in saved.workers if w.pid in alive}
-        killed = _stop_unadopted(daemon, adopted_pids)
+        killed = stop_unadopted(daemon, adopted_pids)
         if killed:
             log.warning("%s: %d processes of the previous instance's that were no adopted worker were killed "
                         "(workers being stopped, or started since the state was written)", said, killed)
@@ -432,7 +427,7 @@ def _group_key(name: str) -> tuple[str, str, str] | None:
     return (parts[0], parts[1], parts[2]) if len(parts) == 3 else None
 
 
-def _stop_unadopted(daemon: UpgradeHost, keep: set[int]) -> int:
+def stop_unadopted(daemon: UpgradeHost, keep: set[int]) -> int:
     """Every worker of the keeper's that no adopted worker is (being stopped by the previous image, or started after
     its state was written): killed, its exit then read by the keeper (watched, so that the keeper forgets it); what
     the keeper told had ended is forgotten; the held output descriptors of its table are closed (a re-exec carries
