@@ -436,9 +436,10 @@ class Daemon:
                 # The keeper's unit: its cgroup is the tenants' base (it moved itself into <base>/keeper), unless the
                 # configuration names one.
                 self.keeper, self.kept_rows = await reach_keeper(self._keeper_path, start=False)
-                if self.keeper.base is not None and cgroups.path is None:
-                    cgroups = replace(cgroups, path=self.keeper.base)
-            self.cgroups.claim(cgroups)
+            if self.keeper is not None:
+                self.cgroups.claim(cgroups, keeper_base=self.keeper.base, keeper_refused=self.keeper.base_refused)
+            else:
+                self.cgroups.claim(cgroups)
             os.makedirs(os.path.join(server.runtime_dir, "workers"), mode=0o755, exist_ok=True)
             if self.keeper is None:
                 # After the claim: a keeper started here is forked from <base>/server, where elasticd is by now.

@@ -180,3 +180,33 @@ def test_probe_own_cgroup_xattr_zero_is_not_delegation(
     _, proc = _own_setup(tmp_path)
     monkeypatch.setattr(os, "getxattr", lambda path, name: b"0")
     assert not probe(CgroupSettings(), proc=proc).delegated
+
+
+@pytest.mark.parametrize(("delegated", "writable", "reason"), [
+    (True, True, None),
+    (False, True, "the keeper's cgroup {base} is not delegated (elasticd-keeper.service needs Delegate=yes)"),
+    (True, False, "the keeper's cgroup {base} is not writable"),
+])
+def test_probe_of_the_keepers_unit_wants_its_delegation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        delegated: bool, writable: bool, reason: str | None) -> None:
+    """elasticd --keeper: the base is the keeper's unit's cgroup, used on systemd's word as elasticd's own is; a base
+    the configuration names wins over it."""
+    base = _fake_base(tmp_path / "cgroup2" / "system.slice" / "elasticd-keeper.service")
+
+    def getxattr(path: object, name: str) -> bytes:
+        if delegated and Path(str(path)) == base and name == "trusted.delegate":
+            return b"1"
+        raise OSError(errno.ENODATA, "No data available")
+
+    monkeypatch.setattr(os, "getxattr", getxattr)
+    monkeypatch.setattr(mode, "_access", lambda path, m: writable or Path(path).name != "cgroup.procs")
+    facts = probe(CgroupSettings(), proc=str(tmp_path / "noproc"), keeper_base=str(base))
+    assert (facts.base, facts.base_is_own, facts.usable) == (base, False, reason is None)
+    assert facts.reason == (reason.format(base=base) if reason else None)
+    named = _fake_base(tmp_path / "named")
+    assert probe(CgroupSettings(path=str(named)), proc=str(tmp_path / "noproc"), keeper_base=str(base)).base == named
+    refused = probe(CgroupSettings(), proc=str(tmp_path / "noproc"), keeper_base=str(base),
+                    keeper_refused="Read-only file system")
+    assert not refused.usable
+    assert refused.reason == (reason.format(base=base) if not delegated else
+                              f"the keeper's cgroup {base} is not writable from its unit (Read-only file system)")

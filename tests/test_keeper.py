@@ -241,3 +241,39 @@ def test_elasticds_link_spawns_watches_and_adopts_through_the_keeper(keeper):
 
     assert asyncio.run(second()) == -signal.SIGTERM  # the status, read by the keeper, its parent
     assert process.wait(10) == 0
+
+
+def test_under_socket_activation_the_keeper_takes_systemds_socket_and_a_waiting_connect_is_answered(tmp_path):
+    """elasticd-keeper.socket: systemd listens, elasticd's connect waits in the backlog while the keeper starts, and
+    the keeper takes the socket as descriptor 3 (LISTEN_PID/LISTEN_FDS) rather than binding its own; it leaves the
+    file in place (systemd's)."""
+    path = tmp_path / "run" / "keeper.sock"
+    path.parent.mkdir()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(path))
+    listener.listen(4)
+    inode = path.stat().st_ino
+    link = Link(path)  # (before any keeper runs: it waits in the backlog, as under systemd)
+    # sd_listen_fds(3) wants LISTEN_PID to be the keeper's own pid: a shell sets it to its own, then execs.
+    launcher = ('import os, sys; os.dup2(int(sys.argv[1]), 3); os.environ["LISTEN_PID"] = str(os.getpid()); '
+                'os.environ["LISTEN_FDS"] = "1"; os.environ["LISTEN_FDNAMES"] = "keeper.sock"; '
+                'os.execv(sys.executable, [sys.executable, "-m", "elasticd.keeper", *sys.argv[2:]])')
+    process = subprocess.Popen([sys.executable, "-c", launcher, str(listener.fileno()), "--socket", str(path)],
+                               pass_fds=[listener.fileno()], env={**os.environ, "PYTHONPATH": str(REPO)},
+                               stderr=subprocess.PIPE, text=True)
+    listener.close()
+    try:
+        link.send({"op": "hello"})
+        ready, _ = link.until("ready")
+        assert ready["pid"] == process.pid
+        answer, output = link.spawn(["sh", "-c", "echo spawned"], "a.b.c.1")
+        assert answer["op"] == "spawned"
+        assert os.read(output, 100) == b"spawned\n"
+        os.close(output)
+        assert path.stat().st_ino == inode  # (not unlinked and bound anew)
+        assert "listening on" in _stop(process, link)
+    finally:
+        link.close()
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)

@@ -43,10 +43,12 @@ class Activation:
     def enforced(self) -> bool:
         return self.tree is not None
 
-    def claim(self, settings: CgroupSettings) -> None:
+    def claim(self, settings: CgroupSettings, keeper_base: str | None = None,
+              keeper_refused: str | None = None) -> None:
         """Probe the base, decide by the mode, and set it up (moving elasticd to <base>/server when the base
-        is its own cgroup). Raises CgroupRefused when the mode is ``required`` and it cannot be done."""
-        found = probe(settings)
+        is its own cgroup; ``keeper_base``: the keeper's unit's cgroup, the base unless the configuration names one).
+        Raises CgroupRefused when the mode is ``required`` and it cannot be done."""
+        found = probe(settings, keeper_base=keeper_base, keeper_refused=keeper_refused)
         decision = decide(settings.mode, found)
         self.decision = decision
         self.base = str(found.base) if found.base is not None else None

@@ -116,14 +116,37 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
-def probe(settings: CgroupSettings, proc: str = "/proc") -> DelegationProbe:
-    """The facts about the base cgroup ``settings`` names (or our own cgroup)."""
+def probe(settings: CgroupSettings, proc: str = "/proc", keeper_base: str | None = None,
+          keeper_refused: str | None = None) -> DelegationProbe:
+    """The facts about the base cgroup ``settings`` names, else the keeper's unit's (``keeper_base``: elasticd runs
+    with ``--keeper``; ``keeper_refused``: why the keeper could not take it), else our own cgroup."""
     mountinfo = _read(Path(proc, "self", "mountinfo"))
     proc_cgroup = _read(Path(proc, "self", "cgroup"))
     own = own_cgroup(mountinfo, proc_cgroup) if mountinfo is not None and proc_cgroup is not None else None
     if settings.path is not None:
         return _probe_explicit(Path(settings.path), own)
+    if keeper_base is not None:
+        return _probe_keeper(Path(keeper_base), keeper_refused)
     return _probe_own(own, mountinfo, proc_cgroup)
+
+
+def _probe_keeper(base: Path, refused: str | None) -> DelegationProbe:
+    """The cgroup of the keeper's unit (elasticd-keeper.service), which the keeper moved out of into ``keeper/``: used
+    on the same evidence as elasticd's own, systemd's delegation, and only if the keeper could write there (it puts
+    each worker in its leaf): a unit with ProtectControlGroups= has a read-only cgroupfs, elasticd's unit not."""
+    unit = "elasticd-keeper.service"
+    if not base.is_dir():
+        return DelegationProbe(base, False, False, False, frozenset(), f"the keeper's cgroup {base} does not exist")
+    controllers = _controllers(base)
+    delegated = is_delegated_xattr(base)
+    writable = refused is None and _writable(base)
+    if not delegated:
+        reason = f"the keeper's cgroup {base} is not delegated ({unit} needs Delegate=yes)"
+    elif not writable:
+        reason = f"the keeper's cgroup {base} is not writable" + (f" from its unit ({refused})" if refused else "")
+    else:
+        reason = None
+    return DelegationProbe(base, False, writable, delegated, controllers, reason)
 
 
 def _probe_explicit(base: Path, own: Path | None) -> DelegationProbe:

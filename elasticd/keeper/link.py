@@ -77,7 +77,8 @@ class KeptProcess:
 
 
 class KeeperLink:
-    __slots__ = ("_closed", "_early", "_kept", "_pending", "_seq", "_sock", "base", "keeper_pid", "on_lost")
+    __slots__ = ("_closed", "_early", "_kept", "_pending", "_seq", "_sock", "base", "base_refused", "keeper_pid",
+                 "on_lost")
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
@@ -89,6 +90,7 @@ class KeeperLink:
         self._closed = False
         self.keeper_pid = 0
         self.base: str | None = None  # the tenants' cgroup base, when the keeper's unit gives one
+        self.base_refused: str | None = None  # why the keeper could not take that base (it cannot place workers)
         self.on_lost: Callable[[], None] | None = None  # the keeper's connection ended, unasked
 
     @classmethod
@@ -113,8 +115,9 @@ class KeeperLink:
                     raise WireError(f"{message['op']} before the keeper's table was whole")
                 rows.append(_row(message, fds))
             link.keeper_pid = _int(message, "pid")
-            base = message.get("base")
+            base, refused = message.get("base"), message.get("base_refused")
             link.base = base if isinstance(base, str) else None
+            link.base_refused = refused if isinstance(refused, str) else None
         except BaseException:
             for row in rows:
                 if row.output is not None:

@@ -27,6 +27,7 @@ from typing import Any, Final
 from elasticd.keeper.table import Child, Children, orphans_expired
 from elasticd.keeper.wire import MAX_MESSAGE, Spawn, WireError, decode, encode, parse_spawn
 from elasticd.supervisor.identity import start_time
+from elasticd.systemd import listen_fds
 
 __all__ = ["main"]
 
@@ -39,11 +40,14 @@ _SEND_TIMEOUT: Final = 5.0
 
 
 class Keeper:
-    __slots__ = ("away_since", "base", "bound", "children", "conn", "listener", "selector", "stopping", "wake_read")
+    __slots__ = ("away_since", "base", "base_refused", "bound", "children", "conn", "listener", "selector",
+                 "stopping", "wake_read")
 
-    def __init__(self, listener: socket.socket, bound: float, base: str | None = None) -> None:
+    def __init__(self, listener: socket.socket, bound: float, base: str | None = None,
+                 base_refused: str | None = None) -> None:
         self.listener = listener
         self.base = base  # the tenants' cgroup base, when the keeper's unit gives it one (--place)
+        self.base_refused = base_refused  # why the keeper could not take it (placing itself failed)
         self.bound = bound
         self.children = Children()
         self.conn: socket.socket | None = None
@@ -143,7 +147,7 @@ class Keeper:
                 row = {"op": "child", "pid": child.pid, "label": child.label, "started": child.started,
                        "code": child.code, "output": child.output is not None}
                 self._send(row, [child.output] if child.output is not None else None)
-            self._send({"op": "ready", "pid": os.getpid(), "base": self.base})
+            self._send({"op": "ready", "pid": os.getpid(), "base": self.base, "base_refused": self.base_refused})
         elif op == "spawn":
             self._spawn(parse_spawn(message, len(fds)), fds)
         elif op == "forget":
@@ -257,25 +261,43 @@ def _resolve(program: str, env: dict[str, str]) -> str:
     return program  # (execve fails with ENOENT, reported as such)
 
 
-def place_in_own_leaf() -> str:
+def place_in_own_leaf() -> tuple[str, str | None]:
     """Under its unit (``Delegate=yes``), the keeper's cgroup becomes the tenants' base: the keeper moves to the leaf
     ``<base>/keeper`` (the no-internal-process rule: a cgroup that hands controllers to its children holds no process
-    itself) and hands its children every controller it has. The base's path."""
+    itself) and hands its children every controller it has. The base's path, and why it could not be taken (a
+    read-only cgroupfs: the workers could not be put in their leaves either), for elasticd's ``cgroups.mode`` to
+    decide on."""
     relative = Path("/proc/self/cgroup").read_text().strip().split("::", 1)[1]
     base = Path("/sys/fs/cgroup") / relative.lstrip("/")
     if base.name == "keeper":  # (placed already: a re-exec of the keeper)
-        return str(base.parent)
-    leaf = base / "keeper"
-    leaf.mkdir(exist_ok=True)
-    (leaf / "cgroup.procs").write_text(str(os.getpid()))
-    controllers = (base / "cgroup.controllers").read_text().split()
-    if controllers:
-        (base / "cgroup.subtree_control").write_text(" ".join(f"+{name}" for name in controllers))
-    return str(base)
+        return str(base.parent), None
+    try:
+        leaf = base / "keeper"
+        leaf.mkdir(exist_ok=True)
+        (leaf / "cgroup.procs").write_text(str(os.getpid()))
+        controllers = (base / "cgroup.controllers").read_text().split()
+        if controllers:
+            (base / "cgroup.subtree_control").write_text(" ".join(f"+{name}" for name in controllers))
+    except OSError as exc:
+        log.warning("cannot take the cgroup %s for the tenants: %s", base, exc)
+        return str(base), exc.strerror or str(exc)
+    return str(base), None
 
 
 def listening_socket(path: str) -> socket.socket:
-    """The keeper's socket, root's alone: bound with a umask that leaves it 0600, in a directory made 0700."""
+    """The keeper's socket, root's alone: systemd's (``elasticd-keeper.socket``, passed as descriptor 3: it listens
+    while no keeper runs, and a connect starts one); else bound here with a umask that leaves it 0600, in a
+    directory made 0700."""
+    passed = [fd for fds in listen_fds(os.environ).values() for fd in fds]
+    if passed:
+        for extra in passed[1:]:
+            os.close(extra)
+        sock = socket.socket(fileno=passed[0])
+        if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_SEQPACKET:
+            raise SystemExit(f"elasticd-keeper: the socket systemd passed is not a Unix seqpacket one: {sock}")
+        sock.setblocking(False)
+        os.set_inheritable(sock.fileno(), False)
+        return sock
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     os.chmod(os.path.dirname(path), 0o700)
     with contextlib.suppress(FileNotFoundError):
@@ -312,10 +334,11 @@ def main(argv: list[str] | None = None) -> int:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() == 1:  # the parent died before the prctl: nothing would ever signal
             return 0
-    base = None
+    base = refused = None
     if args.place:
-        base = place_in_own_leaf()
-        log.info("the tenants' cgroups are under %s", base)
-    keeper = Keeper(listening_socket(args.socket), args.orphan_bound, base)
+        base, refused = place_in_own_leaf()
+        if refused is None:
+            log.info("the tenants' cgroups are under %s", base)
+    keeper = Keeper(listening_socket(args.socket), args.orphan_bound, base, refused)
     log.info("listening on %s (pid %d)", args.socket, os.getpid())
     return keeper.run()

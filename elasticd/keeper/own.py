@@ -90,11 +90,16 @@ async def _connect_within(path: str, process: asyncio.subprocess.Process | None)
     while True:
         if process is not None and process.returncode is not None:
             raise OSError(f"elasticd's keeper exited at its start (status {process.returncode})")
+        whose = "elasticd's keeper" if process is not None else "the keeper's unit (elasticd-keeper.service)"
         try:
-            return await KeeperLink.connect(path)
+            # (bounded: under socket activation the connect succeeds at once, and the keeper systemd starts for it
+            # answers once it runs, or never, when it fails to start)
+            return await asyncio.wait_for(KeeperLink.connect(path), max(1.0, deadline - loop.time()))
+        except TimeoutError:
+            raise OSError(f"{whose} did not answer at {path} within {_LISTEN_WAIT:g}s (systemctl status "
+                          "elasticd-keeper)") from None
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             if loop.time() > deadline:
-                whose = "elasticd's keeper" if process is not None else "the keeper's unit (elasticd-keeper.service)"
                 raise OSError(f"{whose} did not listen at {path} within {_LISTEN_WAIT:g}s: {exc}") from None
         await asyncio.sleep(0.02 if process is not None else 0.1)
 
