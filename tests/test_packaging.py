@@ -45,3 +45,37 @@ def test_the_postinst_creates_users_before_debhelper_starts_the_unit():
     text = (ROOT / "packaging/deb/debian/elasticd.postinst").read_text()
     assert text.index("adduser --system") < text.index("#DEBHELPER#")
     assert re.search(r"^Depends: adduser,", (ROOT / "packaging/deb/debian/control").read_text(), re.MULTILINE)
+
+
+def _unit(name: str) -> dict[str, list[str]]:
+    """A shipped unit's directives, KEY → its values in order (comments and sections dropped)."""
+    found: dict[str, list[str]] = {}
+    for line in (Path(__file__).resolve().parent.parent / "packaging" / "systemd" / name).read_text().splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, value = line.split("=", 1)
+            found.setdefault(key, []).append(value)
+    return found
+
+
+def test_the_keepers_units_and_elasticds_agree_on_the_socket_and_the_workers_view():
+    """One socket path in the three units; the keeper's unit is not tied to elasticd's (a restart of a crashed
+    elasticd must not restart the keeper, whose end is its workers'); the workers (the keeper's unit's processes)
+    keep the hardening they had as elasticd's children; what a crash must not remove is kept."""
+    elasticd, keeper, socket_unit = (_unit(n) for n in ("elasticd.service", "elasticd-keeper.service",
+                                                        "elasticd-keeper.socket"))
+    [path] = socket_unit["ListenSequentialPacket"]
+    assert socket_unit["SocketMode"] == ["0600"]
+    assert f"--keeper {path}" in elasticd["ExecStart"][0]
+    assert f"--socket {path} --place" in keeper["ExecStart"][0]
+    assert "elasticd-keeper.socket" in elasticd["Wants"][0] and "elasticd-keeper.socket" in elasticd["After"][0]
+    assert not {"PartOf", "BindsTo", "Requisite"} & (set(keeper) | set(elasticd))
+    assert "Restart" not in keeper and keeper["Delegate"] == ["yes"] and keeper["OOMPolicy"] == ["continue"]
+    assert elasticd["RuntimeDirectoryPreserve"] == ["restart"] and elasticd["JoinsNamespaceOf"] == [
+        "elasticd-keeper.service"]
+    assert elasticd["StartLimitBurst"] and elasticd["StartLimitIntervalSec"]
+    hardening = ("CapabilityBoundingSet", "NoNewPrivileges", "RestrictNamespaces", "ProtectSystem", "PrivateMounts",
+                 "PrivateTmp", "PrivateDevices", "ProtectKernelTunables", "ProtectKernelModules", "ProtectKernelLogs",
+                 "ProtectClock", "ProtectHostname", "LockPersonality", "RestrictRealtime", "RestrictAddressFamilies",
+                 "SystemCallArchitectures", "SystemCallFilter", "SystemCallErrorNumber", "UMask")
+    assert {key: keeper.get(key) for key in hardening} == {key: elasticd.get(key) for key in hardening}
+    assert keeper["LimitNOFILE"] == elasticd["LimitNOFILE"]  # (the workers inherit it)
