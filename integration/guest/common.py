@@ -21,9 +21,12 @@ from pathlib import Path
 from typing import Any
 
 UNIT = "elasticd.service"
+KEEPER_UNIT = "elasticd-keeper.service"  # the parent of every worker, started by elasticd-keeper.socket
+KEEPER_SOCKET_UNIT = "elasticd-keeper.socket"
 CONFIG = Path("/etc/elastic.yaml")
 CGROOT = Path("/sys/fs/cgroup")
-BASE = CGROOT / "system.slice" / UNIT  # the unit's cgroup: systemd delegates it (Delegate=yes)
+BASE = CGROOT / "system.slice" / KEEPER_UNIT  # the tenants' base: the keeper's unit's cgroup (Delegate=yes there)
+ELASTICD_CGROUP = CGROOT / "system.slice" / UNIT  # elasticd's own
 ADMIN_SOCKET = "/run/elasticd/admin.sock"
 FRONT = ("127.0.0.1", 8080)
 WANTED = {"cpu", "memory", "pids", "io"}
@@ -100,6 +103,18 @@ def main_pid() -> int:
     return int(show("MainPID")["MainPID"])
 
 
+def keeper_pid() -> int:
+    """The keeper's pid (0: its unit is not running)."""
+    return int(systemctl("show", KEEPER_UNIT, "--property=MainPID", "--value").stdout.strip() or 0)
+
+
+def stop_units() -> None:
+    """elasticd and its keeper stopped, their failures forgotten: a scenario's clean slate (a clean stop of elasticd
+    ends the keeper too; one that failed may leave it, with its drop-ins' settings)."""
+    systemctl("stop", UNIT, KEEPER_UNIT)
+    systemctl("reset-failed", UNIT, KEEPER_UNIT)
+
+
 def journal_cursor() -> str:
     out = run(["journalctl", "--no-pager", "-n", "0", "--show-cursor"]).stdout
     match = re.search(r"-- cursor: (\S+)", out)
@@ -107,10 +122,12 @@ def journal_cursor() -> str:
     return match.group(1)
 
 
-def journal_since(cursor: str, unit: str = UNIT) -> str:
+def journal_since(cursor: str, units: tuple[str, ...] = (UNIT, KEEPER_UNIT)) -> str:
+    """elasticd's lines and its workers' (their output is the keeper's unit's) since ``cursor``."""
     # journald takes stream lines asynchronously: a short settle time before reading.
     time.sleep(0.5)
-    return run(["journalctl", "--no-pager", "-o", "cat", "-u", unit, f"--after-cursor={cursor}"]).stdout
+    return run(["journalctl", "--no-pager", "-o", "cat", *(f"--unit={unit}" for unit in units),
+                f"--after-cursor={cursor}"]).stdout
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.2) -> Any:

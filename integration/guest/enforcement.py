@@ -21,6 +21,9 @@ from common import (
     CGROOT,
     DEB_ROOTS,
     DEB_USERS,
+    ELASTICD_CGROUP,
+    KEEPER_SOCKET_UNIT,
+    KEEPER_UNIT,
     SUITE_APPS,
     UNIT,
     WANTED,
@@ -36,6 +39,7 @@ from common import (
     is_active,
     journal_cursor,
     journal_since,
+    keeper_pid,
     layout,
     leaf,
     main_pid,
@@ -47,6 +51,7 @@ from common import (
     show,
     small_config,
     status,
+    stop_units,
     subtree,
     suite_config,
     systemctl,
@@ -77,8 +82,14 @@ def s_install(share: Path) -> tuple[str, dict[str, Any]]:
     version, state, depends, conffiles = fields.split("\t")
     check(state == "install ok installed", f"dpkg says elasticd is {state!r}")
     check("/etc/elastic.yaml" in conffiles, f"/etc/elastic.yaml is not a conffile: {conffiles!r}")
-    for path in ("/usr/bin/elasticd", "/usr/bin/elasticctl", "/lib/systemd/system/elasticd.service"):
+    for path in ("/usr/bin/elasticd", "/usr/bin/elasticctl", "/lib/systemd/system/elasticd.service",
+                 f"/lib/systemd/system/{KEEPER_UNIT}", f"/lib/systemd/system/{KEEPER_SOCKET_UNIT}"):
         check(os.access(path, os.R_OK), f"{path} is missing")
+    # The keeper's socket is enabled and listens; its service has no [Install] (the socket starts it).
+    enabled = {unit: systemctl("is-enabled", unit).stdout.strip() for unit in (UNIT, KEEPER_SOCKET_UNIT, KEEPER_UNIT)}
+    check(enabled == {UNIT: "enabled", KEEPER_SOCKET_UNIT: "enabled", KEEPER_UNIT: "static"},
+          f"systemctl is-enabled says {enabled}")
+    check(systemctl("is-active", "--quiet", KEEPER_SOCKET_UNIT).returncode == 0, f"{KEEPER_SOCKET_UNIT} is not active")
     deps = {}
     for name in re.findall(r"(python3-[a-z.-]+)", depends):
         deps[name] = run(["dpkg-query", "-W", "-f=${Version}", name]).stdout
@@ -92,7 +103,8 @@ def s_install(share: Path) -> tuple[str, dict[str, Any]]:
     make_users()
     return (f"apt-get install {deb.name}: {seconds:.1f}s, elasticd {version}; Depends met by Debian's "
             + ", ".join(f"{k} {v}" for k, v in sorted(deps.items()))
-            + f"; the front compiled ({front.stdout.split()[1]}); the shipped config runs: {users}; {monitor}",
+            + f"; the front compiled ({front.stdout.split()[1]}); {', '.join(f'{k} {v}' for k, v in enabled.items())}"
+            + f"; the shipped config runs: {users}; {monitor}",
             {"apt_output": result.stdout[-2000:], "depends": depends, "conffiles": conffiles.strip()})
 
 
@@ -161,17 +173,20 @@ def _command_of(pid: int) -> int:
 
 
 def s_start() -> tuple[str, dict[str, Any]]:
-    systemctl("stop", UNIT)
+    stop_units()
     write_config(suite_config())
-    systemctl("reset-failed", UNIT)
     cursor = journal_cursor()
     result, seconds = timed(lambda: systemctl("start", UNIT))
     check(result.returncode == 0, f"systemctl start failed: {result.stderr.strip()}")
     props = show("ActiveState", "SubState", "MainPID", "StatusText", "Type")
     check(props["ActiveState"] == "active" and props["SubState"] == "running", f"unit is {props}")
     pid = int(props["MainPID"])
-    check(pid in procs(BASE / "server"), f"elasticd (pid {pid}) is not in {BASE / 'server'}: "
-          f"server holds {procs(BASE / 'server')}, the unit's cgroup holds {procs(BASE)}")
+    check(pid in procs(ELASTICD_CGROUP), f"elasticd (pid {pid}) is not in its unit's cgroup {ELASTICD_CGROUP}: "
+          f"it holds {procs(ELASTICD_CGROUP)}")
+    # The keeper (the workers' parent): started by its socket for elasticd's connection, in <its unit>/keeper.
+    keeper = keeper_pid()
+    check(keeper and procs(BASE / "keeper") == [keeper], f"the keeper (pid {keeper}) is not alone in "
+          f"{BASE / 'keeper'}: it holds {procs(BASE / 'keeper') if (BASE / 'keeper').exists() else 'nothing'}")
     # systemd marks a delegated cgroup with xattrs: trusted.delegate (what elasticd's delegation check reads)
     # and user.delegate (for a manager without CAP_SYS_ADMIN). 252 and 257 both set both.
     delegate = {}
@@ -202,11 +217,13 @@ def s_start() -> tuple[str, dict[str, Any]]:
             check(_uid_of(w["pid"]) == uid, f"worker {w['id']} (pid {w['pid']}) runs as uid {_uid_of(w['pid'])}, "
                   f"not as {tenant_user(tenant)} ({uid})")
         in_leaves += len(ws)
-    # Every process of the unit, wherever it is: only in server/, a leaf, or systemd's own .control.
+    # Every process of the keeper's unit, wherever it is: only in keeper/, a leaf, or systemd's own .control.
     leaves = {leaf(t, a) for t, a, *_ in SUITE_APPS}
     for cg in cgroups_under(BASE):
-        if procs(cg) and cg != BASE / "server" and cg not in leaves and not cg.name.startswith("."):
-            raise Failed(f"processes {procs(cg)} in {cg}, which is neither server/ nor an app leaf")
+        if procs(cg) and cg != BASE / "keeper" and cg not in leaves and not cg.name.startswith("."):
+            raise Failed(f"processes {procs(cg)} in {cg}, which is neither keeper/ nor an app leaf")
+    parents = {w["pid"]: _parent(w["pid"]) for t, a, *_ in SUITE_APPS for w in workers(st, t, a)}
+    check(set(parents.values()) == {keeper}, f"the workers' parents are {parents}, not the keeper ({keeper})")
     # Each worker (the demo uses elasticd.worker) announces itself on the channel once, accepted at the first try.
     expected = sum(n for *_, n in SUITE_APPS)
     journal = wait_for(lambda: (text := journal_since(cursor)).count(" announced (pid ") >= expected and text, 20,
@@ -217,13 +234,18 @@ def s_start() -> tuple[str, dict[str, Any]]:
     check(not refused, f"the channel refused workers at start ({len(refused)}): {refused[:3]}")
     waited = f" (+{late:.1f}s until all ran)" if late >= 1 else ""
     return (f"active {seconds:.1f}s after `systemctl start` (Type=notify, READY=1, status "
-            f"\"{props['StatusText']}\"){waited}; elasticd pid {pid} in server/; {len(leaves)} leaves with "
+            f"\"{props['StatusText']}\"){waited}; elasticd pid {pid} in {UNIT}, its keeper pid {keeper} in "
+            f"{KEEPER_UNIT}/keeper (socket-activated), the parent of every worker; {len(leaves)} leaves with "
             f"{in_leaves} workers, all in their leaf and each as its tenant's user; subtree_control "
             f"\"{' '.join(sorted(wanted))}\" at the base, tenants/ and each tenant, 0 processes in those "
             f"{len(inner)} inner nodes; "
             f"{', '.join(f'{k}={v}' for k, v in delegate.items())}; {announced} workers announced on the "
             "channel, 0 refused",
             {"layout": layout(), "status_text": props["StatusText"]})
+
+
+def _parent(pid: int) -> int:
+    return int(read(Path(f"/proc/{pid}/stat")).rsplit(")", 1)[1].split()[1])
 
 
 def _usage(cgroup: Path) -> int:
@@ -430,7 +452,7 @@ def _unit_processes() -> list[str]:
                 cgroup = (entry / "cgroup").read_text()
             except OSError:
                 continue
-            if f"/system.slice/{UNIT}" in cgroup:
+            if f"/system.slice/{UNIT}" in cgroup or f"/system.slice/{KEEPER_UNIT}" in cgroup:
                 found.append(f"{entry.name} {cgroup.strip()}")
     return found
 
@@ -442,8 +464,10 @@ def s_stop_start() -> tuple[str, dict[str, Any]]:
     result, stop_s = timed(lambda: systemctl("stop", UNIT))
     check(result.returncode == 0, f"systemctl stop failed: {result.stderr.strip()}")
     check(not is_active(), "the unit is still active after stop")
+    # The keeper ends on its own once elasticd stopped its workers (its socket stays, for the next start).
+    keeper_gone = wait_for(lambda: keeper_pid() == 0, 30, 0.5)
     left = _unit_processes()
-    check(not left, f"processes left in the unit's cgroup after stop: {left}")
+    check(keeper_gone and not left, f"processes left in the units' cgroups after stop: {left}")
     if BASE.exists():
         populated = read(BASE / "cgroup.events")
         check("populated 0" in populated, f"{BASE} still populated: {populated}")
@@ -456,15 +480,16 @@ def s_stop_start() -> tuple[str, dict[str, Any]]:
     check(after == before, f"the cgroups differ after a restart:\nbefore {before}\nafter  {after}")
     check(workers_after == workers_before, f"workers per leaf before {workers_before}, after {workers_after}")
     new_main = main_pid()
-    check(new_main != main and new_main in procs(BASE / "server"), f"elasticd pid {new_main} not in server/")
+    check(new_main != main and new_main in procs(ELASTICD_CGROUP), f"elasticd pid {new_main} not in {UNIT}")
     inner = [rel for rel, controls in after.items() if controls]
     return (f"stop in {stop_s:.1f}s left 0 processes (cgroup {after_stop}); start in {start_s:.1f}s rebuilt the "
             f"same layout: {len(after)} cgroups, the same subtree_control in its {len(inner)} inner nodes, "
             f"{sum(workers_after.values())} workers in their {len(workers_after)} leaves, elasticd pid "
-            f"{main}→{new_main} in server/", {"layout": after, "workers": workers_after})
+            f"{main}→{new_main}, the keeper started anew by its socket (pid {keeper_pid()})",
+            {"layout": after, "workers": workers_after})
 
 
-DROPIN = Path(f"/run/systemd/system/{UNIT}.d/50-it-mode.conf")
+DROPIN = Path(f"/run/systemd/system/{KEEPER_UNIT}.d/50-it-mode.conf")  # (the tenants' base is that unit's)
 
 
 def _with_dropin(text: str | None) -> None:
@@ -477,16 +502,14 @@ def _with_dropin(text: str | None) -> None:
 
 
 def _refused_start(mode_config: str, dropin: str) -> tuple[str, float]:
-    systemctl("stop", UNIT)
-    systemctl("reset-failed", UNIT)
+    stop_units()
     _with_dropin(dropin)
     write_config(mode_config)
     cursor = journal_cursor()
     result, seconds = timed(lambda: systemctl("start", UNIT))
     journal = journal_since(cursor)
     # Restart=on-failure would try again every 2 s: stop that before looking further.
-    systemctl("stop", UNIT)
-    systemctl("reset-failed", UNIT)
+    stop_units()
     check(result.returncode != 0, f"elasticd started with mode required, {dropin.strip()!r}")
     refusals = [ln.strip() for ln in journal.splitlines() if "refusing to start" in ln]
     check(refusals, f"the journal does not say why it refused:\n{journal}")
@@ -494,8 +517,9 @@ def _refused_start(mode_config: str, dropin: str) -> tuple[str, float]:
 
 
 def s_modes() -> tuple[str, dict[str, Any]]:
-    # A read-only base: ProtectControlGroups=yes gives the service a read-only /sys/fs/cgroup, so its own
-    # (delegated, trusted.delegate=1) cgroup is not writable, the real case of a hardened unit.
+    # A read-only base: ProtectControlGroups=yes gives the keeper's unit a read-only /sys/fs/cgroup, so its own
+    # (delegated, trusted.delegate=1) cgroup is not writable there, the real case of a hardened unit: the keeper
+    # cannot put the workers in their leaves (elasticd's own unit could write, and is not the one that places them).
     readonly = "[Service]\nProtectControlGroups=yes\n"
     try:
         why_ro, ro_s = _refused_start(small_config("required"), readonly)
@@ -517,19 +541,20 @@ def s_modes() -> tuple[str, dict[str, Any]]:
         check("not delegated" in why_nd, f"the refusal does not say the cgroup is not delegated: {why_nd}")
     finally:
         _with_dropin(None)
-        systemctl("stop", UNIT)
-        systemctl("reset-failed", UNIT)
-    return (f"required, read-only base (ProtectControlGroups=yes): start failed after {ro_s:.1f}s: \"{why_ro}\"; "
+        stop_units()
+    return (f"{KEEPER_UNIT} with ProtectControlGroups=yes (a read-only base), required: start failed after "
+            f"{ro_s:.1f}s: \"{why_ro}\"; "
             f"auto there: 1 warning (\"{warnings[0][:90]}…\"), then served {code} unenforced; "
-            f"required with Delegate=no: \"{why_nd}\"", {"auto_journal": journal})
+            f"{KEEPER_UNIT} with Delegate=no, required: \"{why_nd}\"", {"auto_journal": journal})
 
 
 def s_verify() -> tuple[str, dict[str, Any]]:
-    path = show("FragmentPath")["FragmentPath"]
-    result = run(["systemd-analyze", "verify", path])
+    paths = [systemctl("show", unit, "--property=FragmentPath", "--value").stdout.strip()
+             for unit in (UNIT, KEEPER_UNIT, KEEPER_SOCKET_UNIT)]
+    result = run(["systemd-analyze", "verify", *paths])
     output = (result.stdout + result.stderr).strip()
     check(result.returncode == 0 and not output,
-          f"systemd-analyze verify {path}: exit {result.returncode}:\n{output}")
+          f"systemd-analyze verify {' '.join(paths)}: exit {result.returncode}:\n{output}")
     version = run(["systemctl", "--version"]).stdout.splitlines()[0]
-    return f"systemd-analyze verify {path}: exit 0, no output ({version})", {}
+    return f"systemd-analyze verify {' '.join(paths)}: exit 0, no output ({version})", {}
 

@@ -102,9 +102,19 @@ def _read(path: str) -> str:
         return f"read {len(f.read(4096))} bytes of {path}"
 
 
-def _parent_of(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        return int(f.read().rsplit(b")", 1)[1].split()[1])
+def _elasticd_pid() -> int:
+    """elasticd's pid, as any process that sees the host's /proc finds it (its keeper, the worker's parent, is
+    systemd's child, not elasticd's)."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if b"/usr/bin/elasticd" in argv and b"--config" in argv:
+                return int(entry)
+    raise ProcessLookupError("no elasticd process in /proc")
 
 
 def _attempts() -> dict[str, tuple[str, object]]:
@@ -114,14 +124,14 @@ def _attempts() -> dict[str, tuple[str, object]]:
     return {
         "tenant_cpu_max": (f"write 'max 100000' into {tenant_cg / 'cpu.max'}",
                            lambda: _write(tenant_cg / "cpu.max", "max 100000")),
-        "leave_leaf": (f"write its pid into {base / 'server' / 'cgroup.procs'}",
-                       lambda: _write(base / "server" / "cgroup.procs", str(os.getpid()))),
+        "leave_leaf": (f"write its pid into {base / 'keeper' / 'cgroup.procs'}",
+                       lambda: _write(base / "keeper" / "cgroup.procs", str(os.getpid()))),
         "read_shadow": ("read /etc/shadow", lambda: _read("/etc/shadow")),
         "create_in_etc": (f"create /etc/{MARK}-<pid>", lambda: _create("/etc")),
         "kill_keeper": (f"SIGTERM its parent, elasticd's keeper (pid {os.getppid()})",
                         lambda: os.kill(os.getppid(), signal.SIGTERM)),
-        "kill_elasticd": (f"SIGTERM elasticd, its parent's parent (pid {_parent_of(os.getppid())})",
-                          lambda: os.kill(_parent_of(os.getppid()), signal.SIGTERM)),
+        "kill_elasticd": (f"SIGTERM elasticd (pid {_elasticd_pid()}, found in /proc)",
+                          lambda: os.kill(_elasticd_pid(), signal.SIGTERM)),
         "create_in_good_root": (f"create {GOOD_ROOT}/{MARK}-<pid>", lambda: _create(GOOD_ROOT)),
         "connect_good_socket": (f"connect to {GOOD_SOCKET}", lambda: _connect(GOOD_SOCKET)),
         "setuid_root": ("setuid(0)", lambda: os.setuid(0)),

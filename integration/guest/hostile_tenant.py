@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    KEEPER_UNIT,
     UNIT,
     check,
     ensure_user,
@@ -228,7 +229,8 @@ def _scenario() -> tuple[str, dict[str, Any]]:
     entries = wait_for(lambda: _journal("-t", out_id, f"--after-cursor={cursor}", "-n", "50"), 20, 1.0) or []
     check(entries, f"journalctl -t {out_id} shows nothing of the hostile worker's output")
     entry = entries[-1]
-    check(entry.get("_SYSTEMD_UNIT") == UNIT, f"its output is not under {UNIT}: {entry.get('_SYSTEMD_UNIT')}")
+    check(entry.get("_SYSTEMD_UNIT") == KEEPER_UNIT, f"its output is not under {KEEPER_UNIT} (the workers' unit): "
+          f"{entry.get('_SYSTEMD_UNIT')}")
     cgroup = entry.get("_SYSTEMD_CGROUP", "")
     check(cgroup.endswith("/tenants/flood/out"), f"its output's cgroup is {cgroup!r}, not its leaf")
     check(entry.get("PRIORITY") == "6", f"its output is logged at priority {entry.get('PRIORITY')}, not info (6)")

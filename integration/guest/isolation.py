@@ -14,17 +14,18 @@ reused when they exist, removed at the end). Two tenants, each with its ``user:`
 - ``good``, app ``app`` on good.localhost, root /srv/good/app (eltgood's, 0755, holding a file), the demo app.
 
 The attempts, every one of which must fail with the kernel's EACCES or EPERM: write ``max 100000`` into its own
-tenant's cpu.max; put its pid into ``<base>/server/cgroup.procs``; read /etc/shadow; create a file in /etc;
+tenant's cpu.max; put its pid into ``<base>/keeper/cgroup.procs``; read /etc/shadow; create a file in /etc;
 SIGTERM its parent (elasticd's keeper) and elasticd; create a file in the good tenant's root; connect to the good
 tenant's worker socket; setuid(0); SIGTERM the good tenant's worker; read that worker's /proc/<pid>/environ (its
 channel token).
 
 Then, measured from outside: the worker runs as eltevil with no supplementary groups, no capability (CapEff,
-CapPrm, CapBnd, CapAmb 0), NoNewPrivs 1, in /srv/evil/app, as a child of elasticd's keeper (itself elasticd's
-child), in its leaf, with a clean environment; elasticd is active with the same MainPID; the tenant's cpu.max is
-unchanged; no new file in /etc or /srv/good/app; the good worker still answers 200 with the same pid; its socket
-directory is 0700 and eltgood's; ``elasticctl status`` shows each tenant's user; elasticd's journal has no "runs as
-root" warning and no refused channel peer (the good demo announces itself as eltgood).
+CapPrm, CapBnd, CapAmb 0), NoNewPrivs 1, in /srv/evil/app, as a child of elasticd's keeper (the main process of
+elasticd-keeper.service, started by its socket), in its leaf, with a clean environment; elasticd is active with the
+same MainPID, the keeper with the same pid; the tenant's cpu.max is unchanged; no new file in /etc or
+/srv/good/app; the good worker still answers 200 with the same pid; its socket directory is 0700 and eltgood's;
+``elasticctl status`` shows each tenant's user; elasticd's journal has no "runs as root" warning and no refused
+channel peer (the good demo announces itself as eltgood).
 
 The end: elasticd is stopped (the users' workers must be gone before userdel), the suite's file written back
 (the next scenario starts elasticd on its own config), and the two users removed, best effort.
@@ -44,6 +45,7 @@ from typing import Any
 
 from common import (
     BASE,
+    KEEPER_UNIT,
     UNIT,
     Failed,
     check,
@@ -53,6 +55,7 @@ from common import (
     is_active,
     journal_cursor,
     journal_since,
+    keeper_pid,
     main_pid,
     procs,
     read,
@@ -223,12 +226,11 @@ def _scenario(users: dict[str, Any], began: float) -> tuple[str, dict[str, Any]]
     check(ps["NoNewPrivs"] == "1", f"the worker's NoNewPrivs is {ps['NoNewPrivs']!r}")
     check(rep["pid"] == evil_w["pid"], f"/attempts was answered by pid {rep['pid']}, the status shows the evil "
           f"worker as {evil_w['pid']}")
-    keeper = rep["ppid"]  # elasticd's keeper (elasticd/keeper: the parent of every worker), elasticd's own child
-    keeper_parent = int(read(Path(f"/proc/{keeper}/stat")).rsplit(")", 1)[1].split()[1])
+    keeper = rep["ppid"]  # elasticd's keeper (elasticd/keeper: the parent of every worker), its unit's MainPID
     keeper_line = read(Path(f"/proc/{keeper}/cmdline")).replace("\0", " ")
-    check(keeper_parent == main and "elasticd.keeper" in keeper_line,
-          f"the worker's parent is pid {keeper} ({rep['parent_comm']}: {keeper_line!r}), whose parent is "
-          f"{keeper_parent}: not elasticd's keeper, the child of elasticd's MainPID {main}")
+    check(keeper == keeper_pid() and "elasticd.keeper" in keeper_line,
+          f"the worker's parent is pid {keeper} ({rep['parent_comm']}: {keeper_line!r}): not elasticd's keeper, "
+          f"{KEEPER_UNIT}'s MainPID {keeper_pid()}")
     check(rep["cwd"] == str(EVIL_ROOT), f"the worker's cwd is {rep['cwd']!r}, not its app root {EVIL_ROOT}")
     check(rep["cgroup"] == str(evil_leaf), f"the worker's cgroup is {rep['cgroup']}, not {evil_leaf}")
     env = rep["env"]
@@ -250,9 +252,10 @@ def _scenario(users: dict[str, Any], began: float) -> tuple[str, dict[str, Any]]
     check(main_after == main, f"elasticd's MainPID changed: {main} → {main_after}")
     cpu_max1 = read(tenant_cg / "cpu.max")
     check(cpu_max1 == cpu_max0, f"the evil tenant's cpu.max changed: {cpu_max0!r} → {cpu_max1!r}")
-    evil_members, server_members = procs(evil_leaf), procs(BASE / "server")
-    check(evil_w["pid"] in evil_members and evil_w["pid"] not in server_members,
-          f"the evil worker (pid {evil_w['pid']}) left its leaf: leaf {evil_members}, server/ {server_members}")
+    evil_members, keeper_members = procs(evil_leaf), procs(BASE / "keeper")
+    check(evil_w["pid"] in evil_members and evil_w["pid"] not in keeper_members,
+          f"the evil worker (pid {evil_w['pid']}) left its leaf: leaf {evil_members}, keeper/ {keeper_members}")
+    check(keeper_pid() == keeper, f"the keeper's pid changed: {keeper} → {keeper_pid()}")
     etc1, good1 = _names(Path("/etc")), _names(GOOD_ROOT)
     check(etc1 == etc0, f"/etc changed: new {sorted(etc1 - etc0)}, gone {sorted(etc0 - etc1)}")
     check(good1 == good0, f"{GOOD_ROOT} changed: new {sorted(good1 - good0)}, gone {sorted(good0 - good1)}")

@@ -54,6 +54,7 @@ from blue_green import s_blue_green  # noqa: E402
 from bursts import s_bursts  # noqa: E402
 from capacity import s_capacity  # noqa: E402
 from common import DEB_ROOTS, SUITE_APPS, Failed, Scenario, say  # noqa: E402
+from crash import s_crash  # noqa: E402
 from density import s_density  # noqa: E402
 from elastic_pool import s_pool  # noqa: E402
 from enforcement import (  # noqa: E402
@@ -82,7 +83,8 @@ from view import s_view  # noqa: E402
 SCENARIO_TIMEOUT = 900
 
 SCENARIOS: list[tuple[str, str, Scenario]] = [
-    ("01-start", "systemctl start: READY=1, elasticd in server/, workers in leaves", s_start),
+    ("01-start", "systemctl start: READY=1, elasticd in its unit, the keeper its socket started, workers in leaves",
+     s_start),
     ("02-cpu", "cpu: 20% holds a burning worker to 0.2 s/s", s_cpu),
     ("03-memory", "memory: 64M, swap: 0: a 200 MB worker is OOM-killed in its leaf and restarted", s_memory),
     ("04-pids", "pids: 32: forks beyond it fail", s_pids),
@@ -99,7 +101,7 @@ SCENARIOS: list[tuple[str, str, Scenario]] = [
      s_pool),
     ("13-pool-limits", "at its cpu.max a tenant's pool holds its scale-up (held, not grown) and a 6 s CPU-bound "
      "request is not hung; elasticctl limit --cpu 200% lets the same load grow the pool", s_pool_limits),
-    ("14-isolation", "a hostile tenant (its own user:) is denied by the kernel: its cpu.max, server/, /etc/shadow, "
+    ("14-isolation", "a hostile tenant (its own user:) is denied by the kernel: its cpu.max, keeper/, /etc/shadow, "
      "/etc, elasticd, the other tenant's files, socket and worker; elasticd and the other tenant go on", s_isolation),
     ("15-move", "elasticctl drain moves every user off the reception with its in-process state (/counter goes on "
      "from the survivor), a replacement keeping min_workers, then retires it", s_move),
@@ -121,6 +123,9 @@ SCENARIOS: list[tuple[str, str, Scenario]] = [
      "no connection refused", s_upgrade),
     ("23-density", "2,000 apps over 400 tenants, one file each in /etc/elastic.d: up; a reload writes no tenant or "
      "the changed one alone; elasticctl tenant add and remove; the journal short", s_density),
+    ("24-crash", "kill -9 of elasticd under load: its keeper keeps the workers, the next instance adopts them, users "
+     "keep their state, no connection refused; a crash loop and a watchdog abort likewise; once systemd gives up "
+     "the keeper stops the orphans", s_crash),
 ]
 
 

@@ -36,6 +36,7 @@ from common import (
     check,
     journal_cursor,
     journal_since,
+    keeper_pid,
     run,
     say,
     show,
@@ -230,6 +231,7 @@ def _scenario() -> tuple[str, dict[str, Any]]:
     before = _pids()
     check(len(before) == 2, f"two workers never ran: {status()['tenants'][TENANT]}")
     main_before = show("MainPID", "NRestarts")
+    keeper_before = keeper_pid()
     users = {}
     for name in ("alice", "bob", "carol"):
         _, _, cookie = browse(HOST, "/")
@@ -263,6 +265,7 @@ def _scenario() -> tuple[str, dict[str, Any]]:
     check(main_after["MainPID"] == main_before["MainPID"], f"MainPID changed: {main_before} → {main_after}")
     check(main_after["NRestarts"] == main_before["NRestarts"], f"systemd restarted it: {main_before} → {main_after}")
     check(after == before, f"workers restarted: {before} → {after}")
+    check(keeper_pid() == keeper_before, f"the keeper was restarted by the upgrade: {keeper_before} → {keeper_pid()}")
     check(load.failures == [], f"{len(load.failures)} of {load.answered} requests failed: {load.failures[:8]}")
     check(echoes.error is None and len(echoes.seen) > 10, f"the WebSocket: {echoes.error}, {echoes.seen[-3:]}")
     check(all(m.endswith(f": m{i}") for i, m in enumerate(echoes.seen)), f"echoes out of order: {echoes.seen[:5]}")
@@ -297,7 +300,8 @@ def _scenario() -> tuple[str, dict[str, Any]]:
         systemctl("daemon-reload")
     check(without["refused"] > 0, f"the control: a restart without the store refused nothing: {without}")
     say(f"the same restart without the store: {without}")
-    return (f"dpkg -i under load: {load.answered} requests, 0 failed, 0 workers restarted, MainPID kept, accept gap "
+    return (f"dpkg -i under load: {load.answered} requests, 0 failed, 0 workers restarted, MainPID and the "
+            f"keeper's pid kept, accept gap "
             f"{gap:.2f}s; {awaited}; systemctl restart: {counts['refused']} refused of {sum(counts.values())} connects "
             f"(without the store: {without['refused']} of {sum(without.values())})",
             {"accept_gap": gap, "dpkg_seconds": round(dpkg_seconds, 1), "requests": load.answered,
