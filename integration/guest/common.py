@@ -469,8 +469,8 @@ def tenant_user(tenant: str) -> str:
 
 
 # The tenants of the scenarios with a configuration of their own (small_config, 12-pool, 13-pool-limits,
-# 21-bursts).
-OTHER_TENANTS = ("solo", "elastic", "capped", "bursty", "steady")
+# 21-bursts, 22-upgrade, 24-crash).
+OTHER_TENANTS = ("solo", "elastic", "capped", "bursty", "steady", "sturdy")
 
 
 def suite_users() -> list[str]:
