@@ -153,3 +153,28 @@ def test_a_torn_state_adopts_nothing_and_the_old_workers_are_stopped(daemons, ke
     assert "the running state in systemd's store is torn" in d.log_text()
     assert "workers of an elasticd before this one, and no state to adopt them by: stopped" in d.log_text()
     assert d.status()["began"]["how"] == "start"
+
+
+def test_a_crash_in_the_middle_of_an_upgrades_hand_over_adopts_from_the_store(daemons, keeper, tmp_path):
+    """SIGUSR2, and SIGKILL once the old image has handed over and exec'd (the new image still starting): the start
+    after it reads what the old image last kept in the store, and adopts every worker with its users."""
+    d = daemons(GROUP.format(root=tmp_path), args=("--keeper", str(keeper)))
+    d.start()
+    d.wait_workers("acme", "shop", "green", lambda ws: len([w for w in ws if w["state"] == "running"]) == 2)
+    before = _pids(d)
+    _, _, cookie = browse(d, "/")
+    assert browse(d, "/login?name=ada", cookie)[0] == 200
+    assert [_counter(d, cookie) for _ in range(2)] == [1, 2]
+    time.sleep(1.5)  # (the state is written at most once a second)
+    assert d.process is not None
+    d.process.send_signal(signal.SIGUSR2)
+    deadline = time.monotonic() + 30
+    while "handed over; exec" not in d.log_text():
+        assert time.monotonic() < deadline, d.log_text()[-3000:]
+        time.sleep(0.005)
+    d.crash()
+    assert _pids(d) == before
+    assert _counter(d, cookie) == 3
+    began = d.status()["began"]
+    assert began["how"] == "crash" and began["adopted"] == 2 and began["users_dropped"] == 0, began
+    assert d.stop() == 0
