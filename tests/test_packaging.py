@@ -70,8 +70,10 @@ def test_the_keepers_units_and_elasticds_agree_on_the_socket_and_the_workers_vie
     assert "elasticd-keeper.socket" in elasticd["Wants"][0] and "elasticd-keeper.socket" in elasticd["After"][0]
     assert not {"PartOf", "BindsTo", "Requisite"} & (set(keeper) | set(elasticd))
     assert "Restart" not in keeper and keeper["Delegate"] == ["yes"] and keeper["OOMPolicy"] == ["continue"]
-    assert elasticd["RuntimeDirectoryPreserve"] == ["restart"] and elasticd["JoinsNamespaceOf"] == [
-        "elasticd-keeper.service"]
+    assert elasticd["RuntimeDirectoryPreserve"] == ["restart"]
+    # (both ways: systemd 252 joins only along the started unit's own JoinsNamespaceOf=)
+    assert elasticd["JoinsNamespaceOf"] == ["elasticd-keeper.service"] and keeper["JoinsNamespaceOf"] == [
+        "elasticd.service"]
     assert elasticd["StartLimitBurst"] and elasticd["StartLimitIntervalSec"]
     hardening = ("CapabilityBoundingSet", "NoNewPrivileges", "RestrictNamespaces", "ProtectSystem", "PrivateMounts",
                  "PrivateTmp", "PrivateDevices", "ProtectKernelTunables", "ProtectKernelModules", "ProtectKernelLogs",
