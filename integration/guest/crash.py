@@ -11,9 +11,10 @@
    adopts): the fourth instance adopts the same workers.
 3. **A watchdog abort**: elasticd stopped with SIGSTOP (hung) past ``WatchdogSec=30``: systemd aborts it and starts
    another, which adopts the same workers.
-4. **systemd gives up** (``StartLimitBurst=5`` in ``StartLimitIntervalSec=120``): kills in a row until the unit is
-   failed with ``start-limit-hit``; then no elasticd adopts the orphans, and the keeper stops them within its bound
-   (``--orphan-bound 60``) and exits: no process is left in either unit.
+4. **systemd gives up** (``StartLimitBurst=5`` in ``StartLimitIntervalSec=120``): kills in a row until systemd
+   refuses another start ("Start request repeated too quickly"); no elasticd adopts the orphans, and the keeper stops
+   them once its bound (``--orphan-bound 60``) has passed with no elasticd connected, and exits: no process is left
+   in either unit.
 """
 
 from __future__ import annotations
@@ -277,36 +278,42 @@ def _scenario() -> tuple[str, dict[str, Any]]:
     check("watchdog" in systemd_said.lower(), f"systemd's journal does not name the watchdog:\n{systemd_said[-2000:]}")
     say(f"    watchdog ({watchdog}): SIGSTOP → a new instance active {wd_seconds:.1f}s later, adopted both")
 
-    # 4. systemd gives up: kills in a row until start-limit-hit; the keeper then stops the orphans within its bound.
+    # 4. systemd gives up: kills in a row until it refuses to start elasticd again. No instance lived to reach the
+    # keeper since the first kill, so the keeper stops the orphans once its bound has passed since then: before or
+    # after systemd gives up (a start under TCG takes 10-15 s, ExecStartPre's --check included: six of them pass
+    # the 60 s bound), never later than the bound after it.
     systemctl("reset-failed", UNIT)
-    previous, kills = main_wd, 0
+    cursor = journal_cursor()
+    previous, kills, first_kill = main_wd, 0, time.monotonic()
     while previous > 0 and kills < 12:
         with contextlib.suppress(ProcessLookupError):
             os.kill(previous, signal.SIGKILL)
         kills += 1
         previous = _next_instance(previous)
-    gave_up = show("ActiveState", "Result")
-    check(gave_up == {"ActiveState": "failed", "Result": "start-limit-hit"},
-          f"systemd did not give up after {kills} kills: {gave_up}")
-    gave_up_at = time.monotonic()
-    check(_alive(before.values()), f"the workers {before} died before the orphan bound")
+    gave_up_seconds = time.monotonic() - first_kill
+    systemd_said = run(["journalctl", "--no-pager", "-o", "cat", "-u", UNIT, f"--after-cursor={cursor}"]).stdout
+    check(show("ActiveState")["ActiveState"] == "failed" and "Start request repeated too quickly" in systemd_said,
+          f"systemd did not give up after {kills} kills: {show('ActiveState', 'Result')}\n{systemd_said[-2000:]}")
     ended = wait_for(lambda: keeper_pid() == 0 and not _alive(before.values()), ORPHAN_BOUND + 60, 1.0)
-    orphans_seconds = time.monotonic() - gave_up_at
+    orphans_seconds = time.monotonic() - first_kill
     left = [cg for cg in (BASE.rglob("cgroup.procs") if BASE.exists() else []) if procs(cg.parent)]
     check(ended and not left, f"{ORPHAN_BOUND + 60}s after systemd gave up: keeper {keeper_pid()}, workers alive "
           f"{_alive(before.values())}, processes in {left}")
     keeper_said = run(["journalctl", "--no-pager", "-o", "cat", "-u", KEEPER_UNIT, "-n", "20"]).stdout
-    check("no elasticd came back" in keeper_said, f"the keeper did not say why it stopped them:\n{keeper_said}")
-    say(f"    gave up after {kills} kills (start-limit-hit); the keeper stopped the orphans "
-        f"{orphans_seconds:.0f}s later")
+    check(f"no elasticd came back within {ORPHAN_BOUND}s: stopping its {len(before)} workers" in keeper_said,
+          f"the keeper did not say why it stopped them:\n{keeper_said}")
+    say(f"    systemd gave up {gave_up_seconds:.0f}s after the first of {kills} kills; the keeper had stopped the "
+        f"orphans {orphans_seconds:.0f}s after it")
     return (f"kill -9 under load: 0 of 2 workers restarted, the keeper's pid kept, 3 users' counters continued on "
             f"their workers, {counts['refused']} connections refused, {counts['cut']} requests cut in flight, "
             f"{counts['200']} answered 200; active again {to_ready:.1f}s after the kill, first answer "
             f"{to_answer or 0:.1f}s; 3 crashes in a row: the 4th instance adopted both; watchdog abort (SIGSTOP): "
-            f"adopted both {wd_seconds:.0f}s later; systemd gave up after {kills} kills (start-limit-hit): the keeper "
-            f"stopped the orphans {orphans_seconds:.0f}s later (bound {ORPHAN_BOUND}s), nothing left"), {
+            f"adopted both {wd_seconds:.0f}s later; {kills} kills in a row: systemd gave up {gave_up_seconds:.0f}s "
+            f"after the first, the keeper had stopped the orphans {orphans_seconds:.0f}s after it (bound {ORPHAN_BOUND}s), "
+            "nothing left"), {
                 "counts": counts, "to_ready": to_ready, "to_answer": to_answer, "began": began,
-                "watchdog_seconds": wd_seconds, "kills_to_give_up": kills, "orphans_seconds": orphans_seconds}
+                "watchdog_seconds": wd_seconds, "kills_to_give_up": kills, "gave_up_seconds": gave_up_seconds,
+                "orphans_seconds": orphans_seconds}
 
 
 def _next_instance(previous: int) -> int:
