@@ -309,8 +309,8 @@ def _scenario() -> tuple[str, dict[str, Any]]:
             f"{counts['200']} answered 200; active again {to_ready:.1f}s after the kill, first answer "
             f"{to_answer or 0:.1f}s; 3 crashes in a row: the 4th instance adopted both; watchdog abort (SIGSTOP): "
             f"adopted both {wd_seconds:.0f}s later; {kills} kills in a row: systemd gave up {gave_up_seconds:.0f}s "
-            f"after the first, the keeper had stopped the orphans {orphans_seconds:.0f}s after it (bound {ORPHAN_BOUND}s), "
-            "nothing left"), {
+            f"after the first, the keeper had stopped the orphans {orphans_seconds:.0f}s after it "
+            f"(bound {ORPHAN_BOUND}s), nothing left"), {
                 "counts": counts, "to_ready": to_ready, "to_answer": to_answer, "began": began,
                 "watchdog_seconds": wd_seconds, "kills_to_give_up": kills, "gave_up_seconds": gave_up_seconds,
                 "orphans_seconds": orphans_seconds}
