@@ -108,6 +108,21 @@ def keeper_pid() -> int:
     return int(systemctl("show", KEEPER_UNIT, "--property=MainPID", "--value").stdout.strip() or 0)
 
 
+def units_processes() -> list[str]:
+    """Every process whose cgroup is elasticd's unit's or the keeper's, or under them, from /proc (not from the
+    units' cgroups, which systemd may have removed): "PID CGROUP" each."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cgroup = (entry / "cgroup").read_text()
+            except OSError:
+                continue
+            if f"/system.slice/{UNIT}" in cgroup or f"/system.slice/{KEEPER_UNIT}" in cgroup:
+                found.append(f"{entry.name} {cgroup.strip()}")
+    return found
+
+
 def stop_units() -> None:
     """elasticd and its keeper stopped, their failures forgotten: a scenario's clean slate (a clean stop of elasticd
     ends the keeper too; one that failed may leave it, with its drop-ins' settings)."""

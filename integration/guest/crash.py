@@ -11,7 +11,9 @@
    adopts): the fourth instance adopts the same workers.
 3. **A watchdog abort**: elasticd stopped with SIGSTOP (hung) past ``WatchdogSec=30``: systemd aborts it and starts
    another, which adopts the same workers.
-4. **systemd gives up** (``StartLimitBurst=5`` in ``StartLimitIntervalSec=120``): kills in a row until systemd
+4. **An OOM kill of elasticd alone**: its unit's ``memory.max`` set under what it uses, at run time; the kernel
+   kills it there (the workers are the keeper's unit's), and the next instance adopts them.
+5. **systemd gives up** (``StartLimitBurst=5`` in ``StartLimitIntervalSec=120``): kills in a row until systemd
    refuses another start ("Start request repeated too quickly"); no elasticd adopts the orphans, and the keeper stops
    them once its bound (``--orphan-bound 60``) has passed with no elasticd connected, and exits: no process is left
    in either unit.
@@ -29,6 +31,7 @@ from typing import Any
 
 from common import (
     BASE,
+    ELASTICD_CGROUP,
     KEEPER_UNIT,
     UNIT,
     admin,
@@ -38,6 +41,8 @@ from common import (
     journal_since,
     keeper_pid,
     procs,
+    read,
+    read_kv,
     run,
     say,
     show,
@@ -278,13 +283,34 @@ def _scenario() -> tuple[str, dict[str, Any]]:
     check("watchdog" in systemd_said.lower(), f"systemd's journal does not name the watchdog:\n{systemd_said[-2000:]}")
     say(f"    watchdog ({watchdog}): SIGSTOP → a new instance active {wd_seconds:.1f}s later, adopted both")
 
-    # 4. systemd gives up: kills in a row until it refuses to start elasticd again. No instance lived to reach the
+    # 4. The kernel's OOM killer, in elasticd's unit alone: its memory.max set under what it uses (the workers are the
+    # keeper's unit's, out of its reach); set back once elasticd is killed, so that the next instance can run.
+    oom_before = _oom_kills()
+    using = int(read(ELASTICD_CGROUP / "memory.current"))
+    cursor = journal_cursor()
+    oomed_at = time.monotonic()
+    systemctl("set-property", "--runtime", UNIT, f"MemoryMax={max(using // 4, 4 << 20)}")
+    try:
+        # (the kernel kills it there, in the write; systemd may remove the cgroup as the unit stops)
+        killed = wait_for(lambda: _oom_kills() > oom_before or _main() != main_wd, 60, 0.2)
+        systemd_said = run(["journalctl", "--no-pager", "-o", "cat", "-u", UNIT, f"--after-cursor={cursor}"]).stdout
+        check(killed and "oom" in systemd_said.lower(), f"no OOM kill of elasticd with its memory.max under its "
+              f"{using} bytes:\n{systemd_said[-2000:]}")
+    finally:
+        systemctl("set-property", "--runtime", UNIT, "MemoryMax=infinity")
+    main_oom, _ = _ready_after(main_wd, 180)
+    oom_seconds = time.monotonic() - oomed_at
+    _adopted_all(before, keeper, "an OOM kill of elasticd")
+    say(f"    OOM kill of elasticd alone (memory.max {max(using // 4, 4 << 20) >> 20} MiB of its "
+        f"{using >> 20} MiB): a new instance active {oom_seconds:.1f}s later, adopted both")
+
+    # 5. systemd gives up: kills in a row until it refuses to start elasticd again. No instance lived to reach the
     # keeper since the first kill, so the keeper stops the orphans once its bound has passed since then: before or
     # after systemd gives up (a start under TCG takes 10-15 s, ExecStartPre's --check included: six of them pass
     # the 60 s bound), never later than the bound after it.
     systemctl("reset-failed", UNIT)
     cursor = journal_cursor()
-    previous, kills, first_kill = main_wd, 0, time.monotonic()
+    previous, kills, first_kill = main_oom, 0, time.monotonic()
     while previous > 0 and kills < 12:
         with contextlib.suppress(ProcessLookupError):
             os.kill(previous, signal.SIGKILL)
@@ -308,12 +334,12 @@ def _scenario() -> tuple[str, dict[str, Any]]:
             f"their workers, {counts['refused']} connections refused, {counts['cut']} requests cut in flight, "
             f"{counts['200']} answered 200; active again {to_ready:.1f}s after the kill, first answer "
             f"{to_answer or 0:.1f}s; 3 crashes in a row: the 4th instance adopted both; watchdog abort (SIGSTOP): "
-            f"adopted both {wd_seconds:.0f}s later; {kills} kills in a row: systemd gave up {gave_up_seconds:.0f}s "
-            f"after the first, the keeper had stopped the orphans {orphans_seconds:.0f}s after it "
-            f"(bound {ORPHAN_BOUND}s), nothing left"), {
+            f"adopted both {wd_seconds:.0f}s later; an OOM kill of elasticd alone: adopted both {oom_seconds:.0f}s "
+            f"later; {kills} kills in a row: systemd gave up {gave_up_seconds:.0f}s after the first, the keeper had "
+            f"stopped the orphans {orphans_seconds:.0f}s after it (bound {ORPHAN_BOUND}s), nothing left"), {
                 "counts": counts, "to_ready": to_ready, "to_answer": to_answer, "began": began,
-                "watchdog_seconds": wd_seconds, "kills_to_give_up": kills, "gave_up_seconds": gave_up_seconds,
-                "orphans_seconds": orphans_seconds}
+                "watchdog_seconds": wd_seconds, "oom_seconds": oom_seconds, "kills_to_give_up": kills,
+                "gave_up_seconds": gave_up_seconds, "orphans_seconds": orphans_seconds}
 
 
 def _next_instance(previous: int) -> int:
@@ -329,6 +355,13 @@ def _next_instance(previous: int) -> int:
     check(found, f"no new elasticd within 60s of {previous}, and the unit did not fail: "
           f"{show('ActiveState', 'Result')}")
     return int(found)
+
+
+def _oom_kills() -> int:
+    try:
+        return read_kv(ELASTICD_CGROUP / "memory.events").get("oom_kill", 0)
+    except OSError:
+        return -1
 
 
 def _alive(pids: Any) -> list[int]:

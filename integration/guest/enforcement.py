@@ -57,6 +57,7 @@ from common import (
     systemctl,
     tenant_user,
     timed,
+    units_processes,
     wait_for,
     worker_pids,
     workers,
@@ -442,21 +443,6 @@ def s_reload() -> tuple[str, dict[str, Any]]:
             f"status and journal show \"{line}\"", detail)
 
 
-def _unit_processes() -> list[str]:
-    """Every process whose cgroup is the unit's or under it, from /proc (not from the unit's cgroup, which
-    systemd may have removed)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cgroup = (entry / "cgroup").read_text()
-            except OSError:
-                continue
-            if f"/system.slice/{UNIT}" in cgroup or f"/system.slice/{KEEPER_UNIT}" in cgroup:
-                found.append(f"{entry.name} {cgroup.strip()}")
-    return found
-
-
 def s_stop_start() -> tuple[str, dict[str, Any]]:
     ensure_suite()
     before, workers_before = layout(), workers_in_leaves(status())
@@ -466,7 +452,7 @@ def s_stop_start() -> tuple[str, dict[str, Any]]:
     check(not is_active(), "the unit is still active after stop")
     # The keeper ends on its own once elasticd stopped its workers (its socket stays, for the next start).
     keeper_gone = wait_for(lambda: keeper_pid() == 0, 30, 0.5)
-    left = _unit_processes()
+    left = units_processes()
     check(keeper_gone and not left, f"processes left in the units' cgroups after stop: {left}")
     if BASE.exists():
         populated = read(BASE / "cgroup.events")

@@ -73,6 +73,7 @@ from hostile_tenant import s_hostile  # noqa: E402
 from isolation import s_isolation  # noqa: E402
 from live_move import s_move  # noqa: E402
 from pool_kernel import s_pool_limits  # noqa: E402
+from removal import s_remove  # noqa: E402
 from runtime_limits import s_limits  # noqa: E402
 from upgrade import s_upgrade  # noqa: E402
 from view import s_view  # noqa: E402
@@ -126,6 +127,8 @@ SCENARIOS: list[tuple[str, str, Scenario]] = [
     ("24-crash", "kill -9 of elasticd under load: its keeper keeps the workers, the next instance adopts them, users "
      "keep their state, no connection refused; a crash loop and a watchdog abort likewise; once systemd gives up "
      "the keeper stops the orphans", s_crash),
+    ("25-remove", "apt-get remove with elasticd and its keeper running leaves no process and keeps /etc/elastic.yaml",
+     s_remove),
 ]
 
 
