@@ -23,7 +23,9 @@ __all__ = ["KeeperSpawner", "keeper_socket", "reach_keeper"]
 
 log = logging.getLogger("elasticd.keeper")
 
-_LISTEN_WAIT: Final = 15.0
+# A keeper systemd starts for elasticd's connect is a Python start: 1-3 s in the VM suite's TCG guests, more on a host
+# starting thousands of workers at once. Only a keeper that cannot start waits this out.
+_LISTEN_WAIT: Final = 30.0
 
 
 class KeeperSpawner:
