@@ -62,6 +62,17 @@ def _counter(d, cookie: str) -> int:
     return json.loads(body)["count"]
 
 
+def _running_with_a_user(daemons, keeper, tmp_path):
+    """elasticd on the test's keeper with its two workers running and a user logged in: (the daemon, the workers'
+    pids, the user's cookie)."""
+    d = daemons(GROUP.format(root=tmp_path), args=("--keeper", str(keeper)))
+    d.start()
+    d.wait_workers("acme", "shop", "green", lambda ws: len([w for w in ws if w["state"] == "running"]) == 2)
+    _, _, cookie = browse(d, "/")
+    assert browse(d, "/login?name=ada", cookie)[0] == 200
+    return d, _pids(d), cookie
+
+
 class Clients:
     """Requests in a loop until stopped, each on a new connection; every outcome counted by kind."""
 
@@ -93,12 +104,7 @@ class Clients:
 
 
 def test_workers_and_users_outlive_a_crash_of_elasticd(daemons, keeper, tmp_path):
-    d = daemons(GROUP.format(root=tmp_path), args=("--keeper", str(keeper)))
-    d.start()
-    d.wait_workers("acme", "shop", "green", lambda ws: len([w for w in ws if w["state"] == "running"]) == 2)
-    before = _pids(d)
-    _, _, cookie = browse(d, "/")
-    assert browse(d, "/login?name=ada", cookie)[0] == 200
+    d, before, cookie = _running_with_a_user(daemons, keeper, tmp_path)
     counts = [_counter(d, cookie) for _ in range(3)]
     assert counts == [1, 2, 3]
     time.sleep(1.5)  # (the state is written at most once a second: the login and the counter's worker are in it)
@@ -158,12 +164,7 @@ def test_a_torn_state_adopts_nothing_and_the_old_workers_are_stopped(daemons, ke
 def test_a_crash_in_the_middle_of_an_upgrades_hand_over_adopts_from_the_store(daemons, keeper, tmp_path):
     """SIGUSR2, and SIGKILL once the old image has handed over and exec'd (the new image still starting): the start
     after it reads what the old image last kept in the store, and adopts every worker with its users."""
-    d = daemons(GROUP.format(root=tmp_path), args=("--keeper", str(keeper)))
-    d.start()
-    d.wait_workers("acme", "shop", "green", lambda ws: len([w for w in ws if w["state"] == "running"]) == 2)
-    before = _pids(d)
-    _, _, cookie = browse(d, "/")
-    assert browse(d, "/login?name=ada", cookie)[0] == 200
+    d, before, cookie = _running_with_a_user(daemons, keeper, tmp_path)
     assert [_counter(d, cookie) for _ in range(2)] == [1, 2]
     time.sleep(1.5)  # (the state is written at most once a second)
     assert d.process is not None
