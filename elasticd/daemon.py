@@ -50,6 +50,8 @@ from elasticd.keeper.link import KeeperLink, KeptRow
 from elasticd.keeper.own import KeeperSpawner, keeper_socket, reach_keeper
 from elasticd.limits.overrides import effective
 from elasticd.limits.runtime import RuntimeLimits
+from elasticd.listener_guard.guard import ListenerGuard
+from elasticd.listener_guard.verdict import tenants_by_uid
 from elasticd.listeners import Listeners
 from elasticd.metrics import MetricsServer
 from elasticd.monitor.auth import read_credentials
@@ -100,6 +102,7 @@ class Daemon:
         "_state_fds",
         "_stop",
         "_tasks",
+        "_uids",
         "activity",
         "agent",
         "api",
@@ -110,6 +113,7 @@ class Daemon:
         "config_path",
         "control",
         "front",
+        "guard",
         "inherited",
         "keeper",
         "keeping",
@@ -195,16 +199,21 @@ class Daemon:
             last_reload=lambda: self.last_reload, upgrade=self.upgrade, upgrade_state=lambda: self.reexec.state())
         self.monitor = MonitorPage(self.control.monitor_state)  # its credentials are read in run() (and at each reload)
         self.registry = RegistryPage(self.capacity.registry_apps)  # its secret too
+        # elasticd's own listeners answer no tenant's process (by its socket's cgroup or owner: listener_guard).
+        self.guard = ListenerGuard(self.cgroups.tenants_by_cgroup, self._tenants_by_uid)
+        self._uids: tuple[Config, dict[int, str]] | None = None
         self.metrics = MetricsServer(server.metrics_listen, self.sampler, self._limits_in_force,
                                      extra_collectors=[self.front.collector(self._shown),
                                                        PoolCollector(self.pool, self._shown),
                                                        ChannelCollector(self.channel),
-                                                       CapacityCollector(self.capacity.state)],
-                                     routes=[self.monitor.add_routes, self.registry.add_routes], shown=self._shown)
+                                                       CapacityCollector(self.capacity.state),
+                                                       self.guard.collector()],
+                                     routes=[self.monitor.add_routes, self.registry.add_routes], shown=self._shown,
+                                     guard=self.guard)
         self.api = AdminApi(self.control, server.admin_socket, server.admin_group)
         # HAProxy's agent-check (server.agent_listen): each host's room, in HAProxy's own protocol.
         rooms = AgentRooms(self.pool, self.supervisor)
-        self.agent = AgentListener(server.agent_listen, rooms) if server.agent_listen is not None else None
+        self.agent = AgentListener(server.agent_listen, rooms, self.guard) if server.agent_listen is not None else None
         self._draining_stop = False  # a stop is answering `drain` for server.stop_drain first
         self.last_reload: ReloadResult | None = None
         self._reload_lock = asyncio.Lock()
@@ -227,6 +236,13 @@ class Daemon:
 
     def _shown(self, tenant: str, app: str) -> bool:
         return self.activity.shown(tenant, app, time.monotonic())
+
+    def _tenants_by_uid(self) -> dict[int, str]:
+        config = self.config
+        if self._uids is None or self._uids[0] is not config:  # (made again once per config, not per connection)
+            self._uids = (config, tenants_by_uid((t.name, t.run_as.uid) for t in config.tenants.values()
+                                                 if t.run_as is not None))
+        return self._uids[1]
 
     def _limits_in_force(self) -> dict[str, Resources]:
         return {name: self.limits.resources_of(name) for name in self.config.tenants}
@@ -604,6 +620,7 @@ class Daemon:
         if self.agent is not None:
             await self.agent.stop()
         await self.metrics.stop()
+        self.guard.close()  # (its netlink socket: once no listener it guards accepts)
         self.listeners.close_all()
         self.sampler.close()
         log.info("stopped")

@@ -28,6 +28,7 @@ from elasticd.accounting.exposition import expose
 from elasticd.accounting.tenant_metrics import AccountingCollector, SampleSource
 from elasticd.aiohttp_grace import grace
 from elasticd.config.model import Address, Resources
+from elasticd.listener_guard.guard import ListenerGuard
 from elasticd.listeners import bind_tcp
 
 __all__ = ["AccountingCollector", "Collector", "MetricsServer", "SampleSource"]
@@ -66,6 +67,26 @@ class _BuildInfo(Collector):
         yield family
 
 
+class _GuardedSite(web.SockSite):
+    """aiohttp's SockSite, its server's protocol behind the listener guard (each connection judged before aiohttp
+    reads a byte of it). (aiohttp 3.8 to 3.14 start a SockSite this way: the runner's server as the protocol
+    factory of ``create_server`` on the site's socket.)"""
+
+    __slots__ = ("_guard",)
+
+    def __init__(self, runner: web.BaseRunner, sock: socket.socket, guard: ListenerGuard, **kwargs: Any) -> None:
+        super().__init__(runner, sock, **kwargs)
+        self._guard = guard
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+        factory = self._guard.protocol_factory("metrics", server)
+        self._server = await asyncio.get_running_loop().create_server(factory, sock=self._sock,
+                                                                      backlog=self._backlog)
+
+
 class MetricsServer:
     """GET /metrics on ``address`` (port 0: any free port, see ``.port`` after start()).
 
@@ -73,14 +94,15 @@ class MetricsServer:
     asked at every scrape. ``registry`` holds everything served.
     """
 
-    __slots__ = ("_executor", "_routes", "_runner", "address", "extra_collectors", "port", "registry")
+    __slots__ = ("_executor", "_guard", "_routes", "_runner", "address", "extra_collectors", "port", "registry")
 
     def __init__(self, address: Address, sampler: SampleSource,
                  limits_provider: Callable[[], Mapping[str, Resources]],
                  extra_collectors: Iterable[Collector] = (),
                  routes: Iterable[Callable[[web.Application], None]] = (),
-                 shown: Callable[[str, str], bool] | None = None) -> None:
+                 shown: Callable[[str, str], bool] | None = None, guard: ListenerGuard | None = None) -> None:
         self.address = address
+        self._guard = guard  # None: every peer is served (tests of the page alone)
         self._routes = list(routes)  # other pages on the same listener (the monitor's)
         self.port: int | None = None
         self.extra_collectors: list[Collector] = list(extra_collectors)
@@ -123,7 +145,10 @@ class MetricsServer:
         self._runner = web.AppRunner(app, access_log=None, **on_runner)
         await self._runner.setup()
         for sock in sockets if sockets is not None else bind_tcp(self.address.host, self.address.port, 128):
-            await web.SockSite(self._runner, sock, **on_site).start()
+            if self._guard is not None:
+                await _GuardedSite(self._runner, sock, self._guard, **on_site).start()
+            else:
+                await web.SockSite(self._runner, sock, **on_site).start()
         self.port = _bound_port(self._runner) or self.address.port
         log.info("metrics on http://%s/metrics", Address(self.address.host, self.port))
         if self._routes:

@@ -72,6 +72,10 @@ class Activation:
         self.tree = tree
         log.info("cgroups enforced under %s", found.base)
 
+    def tenants_by_cgroup(self) -> dict[int, str]:
+        """The tenant of each group and leaf made, by cgroup id (empty when cgroups are not enforced)."""
+        return self.tree.tenant_by_cgroup_id if self.tree is not None else {}
+
     def leaf(self, tenant: str, app: str) -> str | None:
         return str(self.tree.leaf(tenant, app)) if self.tree is not None else None
 

@@ -97,7 +97,7 @@ class CgroupTree:
     """elasticd's subtree under ``base``. Not thread-safe: used from the event loop's thread only."""
 
     __slots__ = ("_enabled", "_logged_errors", "_no_disk_reported", "base", "base_is_own", "missing",
-                 "sys_root")
+                 "sys_root", "tenant_by_cgroup_id")
 
     def __init__(self, base: Path, base_is_own: bool, sys_root: str = "/sys") -> None:
         self.base = Path(base)
@@ -109,6 +109,9 @@ class CgroupTree:
         self._enabled: dict[Path, frozenset[str]] = {}
         self._no_disk_reported: set[str] = set()
         self._logged_errors: set[tuple[object, ...]] = set()
+        # The tenant whose group or leaf each cgroup id is (the directory's inode number, which is the id the kernel
+        # gives a socket's cgroup: listener_guard tells a tenant's process by it). Ids are never reused.
+        self.tenant_by_cgroup_id: dict[int, str] = {}
 
     # ----------------------------------------------------------------------------------------- paths
 
@@ -204,6 +207,7 @@ class CgroupTree:
         """Create the tenant group and enable controllers in it for its app leaves."""
         path = self.tenant_dir(tenant)
         path.mkdir(exist_ok=True)  # parents=False: setup() must have made <base>/tenants
+        self.tenant_by_cgroup_id[path.stat().st_ino] = tenant
         self._enable(path, self._available(path, self.tenants_dir))
         return path
 
@@ -215,6 +219,7 @@ class CgroupTree:
             self.ensure_tenant(tenant)
         path = self.leaf(tenant, app)
         path.mkdir(exist_ok=True)
+        self.tenant_by_cgroup_id[path.stat().st_ino] = tenant
         return path
 
     def controllers_of(self, tenant: str) -> frozenset[str]:
@@ -294,7 +299,9 @@ class CgroupTree:
 
     def _remove(self, path: Path) -> bool:
         try:
+            cgroup_id = path.stat().st_ino
             path.rmdir()
+            self.tenant_by_cgroup_id.pop(cgroup_id, None)  # (not before: a group that stays holds a tenant's processes)
             return True
         except FileNotFoundError:
             return True

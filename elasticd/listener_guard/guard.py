@@ -1,0 +1,170 @@
+"""The shell of the listener guard: each connection to ``metrics_listen`` or ``agent_listen`` is judged
+(``verdict.judge``) before any byte of it is read, refused ones closed, counted and logged.
+
+How it sits in asyncio: the listener's protocol factory is wrapped (``protocol_factory``). The first protocol a
+connection gets is a gate whose ``connection_made`` asks the kernel who the peer is; a refused connection is
+reset (no answer); a served one is handed to the real protocol with
+``transport.set_protocol`` before the transport reads anything (asyncio and uvloop call ``data_received`` on the
+protocol the transport holds at the time), so the real server sees a connection as if it had been its own from the
+start. A refused peer costs one kernel lookup and a reset: it never reaches aiohttp's parser, and no task, timer or
+buffer of elasticd's is left behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Final, cast
+
+import psutil
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from elasticd.listener_guard.sock_diag import SockDiag, SockDiagError
+from elasticd.listener_guard.verdict import REASONS, SERVED, Verdict, is_local, judge
+from elasticd.refusal_log import RefusalLog
+
+__all__ = ["ListenerGuard"]
+
+log = logging.getLogger("elasticd.listener_guard")
+
+_ADDRESSES_FOR: Final = 30.0  # seconds the host's own addresses are taken as known (psutil reads every interface)
+
+_SETTINGS = {"metrics": "server.metrics_listen", "agent": "server.agent_listen"}
+
+
+def host_addresses() -> set[str]:
+    """Every address of this host's interfaces (psutil; no address if it cannot read them)."""
+    found: set[str] = set()
+    try:
+        interfaces = psutil.net_if_addrs()
+    except OSError:
+        return found
+    for addresses in interfaces.values():
+        for address in addresses:
+            if address.family.name in ("AF_INET", "AF_INET6"):
+                found.add(address.address.split("%", 1)[0])
+    return found
+
+
+class ListenerGuard:
+    """Judges, counts and logs. ``tenants_by_cgroup`` and ``tenants_by_uid`` are read at each connection (the
+    daemon's current config and cgroup tree); ``clock`` is for the log's once-a-minute."""
+
+    __slots__ = ("_addresses", "_addresses_at", "_clock", "_diag", "_host_addresses", "_log", "_tenants_by_cgroup",
+                 "_tenants_by_uid", "refusals")
+
+    def __init__(self, tenants_by_cgroup: Callable[[], Mapping[int, str]],
+                 tenants_by_uid: Callable[[], Mapping[int, str]], *,
+                 diag: SockDiag | None = None, clock: Callable[[], float] = time.monotonic,
+                 addresses: Callable[[], set[str]] = host_addresses) -> None:
+        self._tenants_by_cgroup = tenants_by_cgroup
+        self._tenants_by_uid = tenants_by_uid
+        self._diag = diag if diag is not None else SockDiag()
+        self._clock = clock
+        self._host_addresses = addresses
+        self._addresses: set[str] = set()
+        self._addresses_at: float | None = None
+        self._log = RefusalLog()
+        self.refusals: dict[tuple[str, str], int] = {(name, reason): 0 for name in _SETTINGS for reason in REASONS}
+
+    def judge(self, listener: str, peer: tuple[str, int], own: tuple[str, int]) -> Verdict:
+        """The verdict on a connection from ``peer`` to ``own`` (the accepted socket's addresses), counted and logged
+        when refused."""
+        if not is_local(peer[0], own[0], self._known_addresses()):
+            return SERVED
+        found = None
+        failed = None
+        try:
+            found = self._diag.peer(peer[:2], own[:2])
+        except (SockDiagError, ValueError) as exc:
+            failed = exc
+        verdict = judge(found, failed is not None, self._tenants_by_cgroup(), self._tenants_by_uid())
+        if not verdict.served:
+            self._refused(listener, verdict, peer, failed)
+        return verdict
+
+    def _known_addresses(self) -> set[str]:
+        now = self._clock()
+        if self._addresses_at is None or now - self._addresses_at >= _ADDRESSES_FOR:
+            self._addresses = self._host_addresses()
+            self._addresses_at = now
+        return self._addresses
+
+    def _refused(self, listener: str, verdict: Verdict, peer: tuple[str, int], failed: Exception | None) -> None:
+        reason = verdict.reason or "?"
+        key = (listener, reason)
+        self.refusals[key] = self.refusals.get(key, 0) + 1
+        saying = self._log.note(verdict.who, f"{listener} {reason}", self._clock())
+        if saying is None:
+            return
+        more = f" ({saying.unsaid} more refusals of it since its last line)" if saying.unsaid else ""
+        why = {"tenant-cgroup": "its socket was made in the tenant's cgroup",
+               "tenant-user": f"its socket is owned by the tenant's user (uid {verdict.uid})",
+               "peer-gone": "its socket was closed before it could be looked up",
+               "lookup-failed": f"the kernel could not say whose it is ({failed})"}.get(reason, reason)
+        log.warning("%s refused a connection from %s at %s: %s; it answers no tenant's process%s",
+                    _SETTINGS.get(listener, listener), verdict.who, peer[0], why, more)
+
+    def protocol_factory(self, listener: str,
+                         factory: Callable[[], asyncio.BaseProtocol]) -> Callable[[], asyncio.BaseProtocol]:
+        """``factory`` behind the gate: for ``loop.create_server``."""
+        return lambda: _Gate(self, listener, factory)
+
+    def collector(self) -> Collector:
+        return _RefusalsCollector(self.refusals)
+
+    def close(self) -> None:
+        self._diag.close()
+
+
+class _Gate(asyncio.Protocol):
+    __slots__ = ("_factory", "_guard", "_listener")
+
+    def __init__(self, guard: ListenerGuard, listener: str, factory: Callable[[], asyncio.BaseProtocol]) -> None:
+        self._guard = guard
+        self._listener = listener
+        self._factory = factory
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        own = transport.get_extra_info("sockname")
+        if isinstance(peer, tuple) and isinstance(own, tuple):
+            verdict = self._guard.judge(self._listener, peer, own)
+        else:  # (not a TCP connection: nothing elasticd's TCP listeners get)
+            verdict = Verdict(False, "lookup-failed")
+        if not verdict.served:
+            # Reset, not answered: an answer (a 403) would be lost anyway to the reset that closing a socket with
+            # the peer's request unread sends, unless the close waited for the peer: a timer and a socket held for
+            # every refused connection, which is what a flood wants of us.
+            cast(asyncio.Transport, transport).abort()  # (a TCP connection's; uvloop's is not a subclass of it)
+            return
+        inner = self._factory()
+        transport.set_protocol(inner)
+        inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        pass  # (a refused connection's bytes, between the close and the end: dropped)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        pass
+
+
+class _RefusalsCollector(Collector):
+    __slots__ = ("_refusals",)
+
+    def __init__(self, refusals: Mapping[tuple[str, str], int]) -> None:
+        self._refusals = refusals
+
+    def describe(self) -> list[CounterMetricFamily]:
+        return []
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "elasticd_listener_refusals", "Connections to elasticd's own listeners (metrics, agent) refused because "
+            "the peer is a tenant's process (or cannot be told from one).", labels=["listener", "reason"])
+        for (listener, reason), count in sorted(self._refusals.items()):
+            family.add_metric([listener, reason], count)
+        yield family
