@@ -40,6 +40,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections import deque
 from pathlib import Path
 
@@ -333,6 +334,11 @@ def main(argv: list[str] | None = None) -> int:
     except HarnessError as exc:
         print(f"integration: FAILED ({suite}): {exc}", file=sys.stderr, flush=True)
         return 1
+    except Exception as exc:  # a bug of the harness, or a tool it runs that failed unchecked: say which, once
+        traceback.print_exc()
+        print(f"integration: FAILED ({suite}): the harness stopped: {type(exc).__name__}: {exc}",
+              file=sys.stderr, flush=True)
+        return 1
     finally:
         # The closing line CI reads: "N passed, N failed" over the scenarios the guest planned.
         sys.stderr.flush()
@@ -367,6 +373,10 @@ def run_releases(suites: list[str], argv: list[str]) -> int:
     children: dict[str, subprocess.Popen[bytes]] = {}
     lock = threading.Lock()
     counts: dict[str, str] = {}
+    # Each child's first "FAILED" line, repeated in the closing lines: CI keeps only the tail of the output, and a
+    # release that failed before its table (its .deb, its image, a guest that never wrote results) would otherwise
+    # end as "no result" with its reason scrolled away by the other release's lines.
+    reasons: dict[str, str] = {}
 
     def relay(suite: str, process: subprocess.Popen[bytes]) -> None:
         assert process.stdout is not None
@@ -374,6 +384,8 @@ def run_releases(suites: list[str], argv: list[str]) -> int:
             line = raw.decode("utf-8", "replace").rstrip()
             if line.startswith("integration: ") and line.endswith(f" ({suite})") and " passed, " in line:
                 counts[suite] = line.removeprefix("integration: ").removesuffix(f" ({suite})")
+            elif line.startswith(f"integration: FAILED ({suite}): ") and suite not in reasons:
+                reasons[suite] = line.removeprefix(f"integration: FAILED ({suite}): ")[:600]
             with lock:  # one whole line at a time from either
                 sys.stdout.write(f"[{suite}] {line}\n")
                 sys.stdout.flush()
@@ -400,6 +412,9 @@ def run_releases(suites: list[str], argv: list[str]) -> int:
     failed = [suite for suite, code in codes.items() if code != 0]
     log(f"{', '.join(suites)}: {'all passed' if not failed else 'FAILED: ' + ', '.join(failed)}")
     # The closing line CI reads, over both releases.
+    for suite in failed:
+        if suite in reasons:
+            log(f"{suite} failed: {reasons[suite]}")
     log("; ".join(f"{suite} {counts.get(suite, 'no result')}" for suite in suites))
     return 1 if failed else 0
 
