@@ -139,7 +139,9 @@ def test_an_interpreter_the_user_cannot_run_is_named_not_looped_on(users, base):
     venv_python.symlink_to(SYSTEM_PYTHON)
     root = base / "srv"
     root.mkdir(mode=0o755)
-    tenants = TENANT.format(name="c", user=carol, root=root, python=venv_python, pythonpath=SITE, read_only=SITE)
+    # (in the view: one it does not show is refused at load, config/programs.py; shown, it is the user's rights)
+    tenants = TENANT.format(name="c", user=carol, root=root, python=venv_python, pythonpath=SITE,
+                            read_only=f"{SITE}, {hidden}")
     d = Daemon(base, TENANTS.format(tenants=tenants))
     d.start()
     try:

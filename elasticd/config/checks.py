@@ -1,6 +1,7 @@
 """Checks across the whole document, made once every section parsed: a domain routed twice, a worker socket path
 too long for sun_path, an app root another user could write into (read from the disk as it is now), an isolated
-tenant's view that would hold another tenant's root or elasticd's own runtime directory."""
+tenant's view that would hold another tenant's root or elasticd's own runtime directory, a program the view does
+not show (config/programs.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from elasticd.config.isolation import inside
 from elasticd.config.model import Server, Tenant
+from elasticd.config.programs import check_programs
 from elasticd.config.walk import Walk
 
 __all__ = ["check_document", "root_refusal"]
@@ -28,6 +30,7 @@ def check_document(walk: Walk, server: Server, tenants: Mapping[str, Tenant], to
     _check_roots(walk, {name: t for name, t in tenants.items() if name not in unchanged} if unchanged else tenants,
                  top, others_of=tenants)
     _check_views(walk, server, tenants, top)
+    check_programs(walk, server, tenants, top, unchanged)
 
 
 def _check_domains(walk: Walk, tenants: Mapping[str, Tenant], root: dict[Any, Any]) -> None:

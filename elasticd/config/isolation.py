@@ -16,13 +16,24 @@ from typing import Any
 from elasticd.config.model import App, Isolation, RunAs
 from elasticd.config.walk import Walk, absolute_path, kind
 
-__all__ = ["BWRAP", "ISOLATION_KEYS", "inside", "isolation_section"]
+__all__ = ["BWRAP", "ISOLATION_KEYS", "SYSTEM_READ_ONLY", "SYSTEM_TRY", "inside", "isolation_section", "tmp_dirs"]
 
 # bubblewrap (Debian's package ``bubblewrap``, what Flatpak uses) by its absolute path: it runs as root, so never
 # through a PATH a group's ``env`` could point at a tenant's files (as setpriv: supervisor/spawn.py).
 BWRAP = "/usr/bin/bwrap"
 
 ISOLATION_KEYS = ("enabled", "writable", "read_only")
+
+# Shown read-only to every isolated worker (supervisor/sandbox.py). /usr and /etc must exist; the rest as the host has
+# them (a merged-/usr host has /bin as a symlink to usr/bin: bound, it is a directory showing /usr/bin, which is the
+# same to a program).
+SYSTEM_READ_ONLY = ("/usr", "/etc")
+SYSTEM_TRY = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/run/systemd/resolve")
+
+
+def tmp_dirs(tenant_tmp: str) -> tuple[str, str]:
+    """The host directories that are a tenant's /tmp and /var/tmp (``tenant_tmp``: ``<server.tmp_dir>/<tenant>``)."""
+    return f"{tenant_tmp}/tmp", f"{tenant_tmp}/var-tmp"
 
 
 def inside(path: str, base: str) -> bool:

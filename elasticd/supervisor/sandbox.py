@@ -42,17 +42,12 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from elasticd.config.isolation import BWRAP, inside
+from elasticd.config.isolation import BWRAP, SYSTEM_READ_ONLY, SYSTEM_TRY, inside, tmp_dirs
 from elasticd.config.model import Config, Tenant
 
 __all__ = ["SECRETS", "SYSTEM_READ_ONLY", "SYSTEM_TRY", "Mask", "Sandbox", "hidden_for", "inaccessible_path",
            "sandbox_for",
            "tmp_dirs", "with_interpreter"]
-
-# Shown read-only to every isolated worker. /usr and /etc must exist; the rest as the host has them (a merged-/usr
-# host has /bin as a symlink to usr/bin: bound, it is a directory showing /usr/bin, which is the same to a program).
-SYSTEM_READ_ONLY = ("/usr", "/etc")
-SYSTEM_TRY = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/run/systemd/resolve")
 
 # Hidden inside what is shown, when they exist: secrets a host keeps under /etc (mostly unreadable to a tenant's
 # user already; hidden all the same, so that no mode an operator sets by mistake exposes them).
@@ -143,11 +138,6 @@ def _parents(path: str, made: set[str]) -> list[str]:
             made.add(parent)
             argv += ["--perms", "0755", "--dir", parent]
     return argv
-
-
-def tmp_dirs(tenant_tmp: str) -> tuple[str, str]:
-    """The host directories that are a tenant's /tmp and /var/tmp."""
-    return f"{tenant_tmp}/tmp", f"{tenant_tmp}/var-tmp"
 
 
 def hidden_for(config: Config) -> tuple[str, ...]:
