@@ -51,6 +51,7 @@ from elasticd.keeper.own import KeeperSpawner, keeper_socket, reach_keeper
 from elasticd.limits.overrides import effective
 from elasticd.limits.runtime import RuntimeLimits
 from elasticd.listener_guard.guard import ListenerGuard
+from elasticd.listener_guard.own import OWN_LISTENERS
 from elasticd.listener_guard.verdict import tenants_by_uid
 from elasticd.listeners import Listeners
 from elasticd.metrics import MetricsServer
@@ -469,12 +470,15 @@ class Daemon:
             await self.api.start(self.listeners)
             if saved is None:  # (taking over, the front accepts once the workers are adopted: below)
                 await self.front.start(self._front_sockets())
-            await self.metrics.start(self.listeners.tcp("metrics", server.metrics_listen.host,
-                                                        server.metrics_listen.port, 128))
+            own = self.listeners.tcp("metrics", server.metrics_listen.host, server.metrics_listen.port, 128)
+            await self.metrics.start(own)
             # (the channel listens once an activation names the tenants: ChannelServer.serve)
             if self.agent is not None:
-                await self.agent.start(self.listeners.tcp("agent", self.agent.address.host, self.agent.address.port,
-                                                          128))
+                agent = self.listeners.tcp("agent", self.agent.address.host, self.agent.address.port, 128)
+                await self.agent.start(agent)
+                own = [*own, *agent]
+            # where a tenant's node or probe URL must not lead elasticd (front/serving.py, probes/probe.py)
+            OWN_LISTENERS.set(sock.getsockname()[:2] for sock in own)
         except (CgroupRefused, SocketInUse, ValueError, OSError) as exc:
             log.error("refusing to start: %s", exc)
             self.notifier.send(f"STATUS=refusing to start: {exc}")

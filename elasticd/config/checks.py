@@ -10,11 +10,13 @@ import os
 import stat
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from elasticd.config.isolation import inside
 from elasticd.config.model import Server, Tenant
 from elasticd.config.programs import check_programs
 from elasticd.config.walk import Walk
+from elasticd.listener_guard.own import points_at, this_host
 
 __all__ = ["check_document", "root_refusal"]
 
@@ -31,6 +33,49 @@ def check_document(walk: Walk, server: Server, tenants: Mapping[str, Tenant], to
                  top, others_of=tenants)
     _check_views(walk, server, tenants, top)
     check_programs(walk, server, tenants, top, unchanged)
+    _check_own_listeners(walk, server, tenants, top)
+
+
+def _check_own_listeners(walk: Walk, server: Server, tenants: Mapping[str, Tenant], root: dict[Any, Any]) -> None:
+    """No ``nodes:`` URL nor capacity probe URL of a tenant's may point at elasticd's own listeners: elasticd would
+    connect to itself as root, which its listener guard serves, and the answer (every tenant's metrics) would be the
+    tenant's."""
+    listeners = [a for a in (server.metrics_listen, server.agent_listen) if a is not None]
+    named: list[tuple[str, int, str, list[str | int]]] = []  # (host, port, the key as said, the way to its node)
+    for tenant in tenants.values():
+        for app in tenant.apps.values():
+            for group in app.groups.values():
+                way: list[str | int] = ["tenants", tenant.name, "apps", app.name, "groups", group.name]
+                here = f"tenants.{tenant.name}.apps.{app.name}.groups.{group.name}"
+                if group.capacity is not None and group.capacity.url is not None:
+                    named.extend(_url_at(group.capacity.url, f"{here}.capacity", [*way, "capacity"]))
+                for index, upstream in enumerate(group.nodes):
+                    named.append((upstream.host, upstream.port, f"{here}.nodes[{index}]", [*way, "nodes", index]))
+                    if upstream.capacity is not None and upstream.capacity.url is not None:
+                        named.extend(_url_at(upstream.capacity.url, f"{here}.nodes[{index}].capacity",
+                                             [*way, "nodes", index, "capacity"]))
+    if not named:
+        return
+    addresses, names = this_host()
+    for host, port, where, way in named:
+        listener = points_at(host, port, listeners, addresses, names)
+        if listener is None:
+            continue
+        holder: Any = root
+        for step in way:
+            holder = holder[step]
+        which = "metrics_listen" if listener == server.metrics_listen else "agent_listen"
+        walk.error(f"{where}.url", Walk.key_line(holder, "url"), f"points at elasticd's own {which} ({listener}): "
+                   "elasticd would ask itself, and answer the tenant with what that listener keeps from every tenant")
+
+
+def _url_at(url: str, where: str, way: list[str | int]) -> list[tuple[str, int, str, list[str | int]]]:
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return []
+    return [(parts.hostname or "", port, where, way)]
 
 
 def _check_domains(walk: Walk, tenants: Mapping[str, Tenant], root: dict[Any, Any]) -> None:

@@ -15,6 +15,8 @@ import socket
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
+from elasticd.listener_guard.own import OWN_LISTENERS
+
 __all__ = ["BACKLOG", "drain", "listen", "open_to", "probe"]
 
 P = TypeVar("P", bound=asyncio.BaseProtocol)
@@ -56,8 +58,15 @@ NODE_CONNECT_TIMEOUT = 2.0  # seconds: a node's host that is off answers nothing
 
 async def _tcp(connecting: Coroutine[Any, Any, tuple[asyncio.BaseTransport, P]]) -> tuple[asyncio.BaseTransport, P]:
     """A node's TCP connect, bounded: one that does not come in time is a failed connect (the node is found dead,
-    the request answered 502), not a request hanging until request_timeout."""
-    return await asyncio.wait_for(connecting, NODE_CONNECT_TIMEOUT)
+    the request answered 502), not a request hanging until request_timeout. One that reached elasticd's own
+    metrics or agent listener (a tenant's node named by a DNS name that points here) is closed before a byte goes
+    and failed the same way: elasticd would ask itself, as root, for the tenant."""
+    transport, protocol = await asyncio.wait_for(connecting, NODE_CONNECT_TIMEOUT)
+    peer, own = transport.get_extra_info("peername"), transport.get_extra_info("sockname")
+    if isinstance(peer, tuple) and OWN_LISTENERS.reached(peer[:2], own[:2] if isinstance(own, tuple) else None):
+        transport.close()  # (nothing was written: the close sends no byte of a request)
+        raise ConnectionRefusedError(f"{peer[0]}:{peer[1]} is elasticd's own listener: not a node")
+    return transport, protocol
 
 
 async def probe(path: str, accepting: Callable[[], None]) -> None:

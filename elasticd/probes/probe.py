@@ -21,15 +21,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Protocol
 
 import aiohttp
+import aiohttp.abc
+import aiohttp.resolver
 
 from elasticd.background import watch
 from elasticd.config.model import Capacity
+from elasticd.listener_guard.own import OWN_LISTENERS
 from elasticd.probes.reading import Reading
 
 __all__ = ["CONNECT_TIMEOUT", "READ_TIMEOUT", "Probe", "ProbeSink", "ProbeTarget"]
@@ -191,7 +195,7 @@ class Probe:
             raise _Stopped  # (a custom poll that awaited something first: no session opened after stop)
         if self._session is None:
             connector = (aiohttp.UnixConnector(path=self.target.socket) if self.target.socket is not None
-                         else aiohttp.TCPConnector(limit=1, force_close=False))
+                         else aiohttp.TCPConnector(limit=1, force_close=False, resolver=_NotOwnListeners()))
             timeout = aiohttp.ClientTimeout(total=CONNECT_TIMEOUT + READ_TIMEOUT, connect=CONNECT_TIMEOUT,
                                             sock_connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT)
             self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
@@ -264,6 +268,25 @@ class _Stopped(Exception):
 
 class _TooBig(Exception):
     """An answer over ``MAX_BODY``."""
+
+
+class _NotOwnListeners(aiohttp.abc.AbstractResolver):
+    """aiohttp's resolver, without the addresses that are elasticd's own listeners: a probe URL whose name resolves
+    here (a tenant's DNS record) is not elasticd asking itself, as root, for the tenant. (A literal address is not
+    resolved by aiohttp: one of elasticd's own is refused at load, config/checks.py.)"""
+
+    def __init__(self) -> None:
+        self._inner = aiohttp.resolver.DefaultResolver()
+
+    async def resolve(self, host: str, port: int = 0, family: Any = socket.AF_INET) -> Any:
+        found = await self._inner.resolve(host, port, family)
+        kept = [entry for entry in found if not OWN_LISTENERS.reached((entry["host"], entry["port"]))]
+        if found and not kept:
+            raise OSError(f"{host}:{port} resolves to elasticd's own listener: not a probe's source")
+        return kept
+
+    async def close(self) -> None:
+        await self._inner.close()
 
 
 async def _close_after(session: aiohttp.ClientSession, polling: asyncio.Task[None] | None) -> None:
