@@ -13,6 +13,7 @@ import time
 import aiohttp
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 from test_pool_channel_server import Registry, serve_channel
 
 from elasticd.config.model import MonitorAuth
@@ -20,7 +21,7 @@ from elasticd.frames import encode
 from elasticd.front.core.sticky import Surface
 from elasticd.monitor.auth import Credentials, authorized, read_credentials
 from elasticd.monitor.census import ask_all
-from elasticd.monitor.page import local_host
+from elasticd.monitor.page import MonitorPage, local_host
 from elasticd.monitor.population import RegisterError, RegisterRow, WorkerAnswer, fuse, parse_register
 from elasticd.monitor.terminal import bar, render_population, render_watch, sparkline
 from elasticd.worker import executor, run_sync, sensor, setup
@@ -163,6 +164,31 @@ def test_basic_auth_table(header, credentials, ok):
 ])
 def test_without_auth_the_monitor_answers_hosts_that_are_addresses_or_localhost(host, local):
     assert local_host(host) is local
+
+
+class _Transport:
+    def __init__(self, peer: tuple[str, int], own: tuple[str, int]) -> None:
+        self.info = {"peername": peer, "sockname": own}
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return self.info.get(name, default)
+
+
+@pytest.mark.parametrize(("peer", "own", "credentials", "status"), [
+    (("127.0.0.1", 5000), ("127.0.0.1", 9464), None, None),  # this host's browser
+    (("10.0.0.9", 5000), ("10.0.0.9", 9464), None, None),  # ... at one of the host's addresses
+    (("::1", 5000), ("::1", 9464), None, None),
+    (("10.0.0.7", 5000), ("10.0.0.9", 9464), None, 403),  # another host, without server.monitor
+    (("10.0.0.7", 5000), ("10.0.0.9", 9464), Credentials("ops", "pw"), 401),  # with it: the credentials decide
+])
+def test_without_auth_the_monitor_answers_this_hosts_browser_alone(peer, own, credentials, status):
+    page = MonitorPage(lambda app: asyncio.sleep(0, {}), credentials)
+    request = make_mocked_request("GET", "/monitor", headers={"Host": "127.0.0.1:9464"},
+                                  transport=_Transport(peer, own))
+    refused = page._refused(request)
+    assert (refused.status if refused is not None else None) == status
+    if status == 403:
+        assert "set server.monitor to open it to others" in refused.text
 
 
 def test_credentials_come_from_the_first_line_of_the_password_file(tmp_path):

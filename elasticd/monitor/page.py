@@ -5,9 +5,12 @@ asset (it works on a host with no internet); it fetches ``/monitor/state?app=TEN
 and redraws without reloading. The state is the daemon's (``StateFn``): the app list, the chosen app's pool
 (``GET /v1/apps/…/pool``'s document) and its population.
 
-Both answer only with the credentials of ``server.monitor`` when it is set (the page shows user names);
-without it, only a ``Host`` that is an address or ``localhost`` (a browser on this host; a DNS-rebinding page
-sends its own name). ``/metrics`` stays open to the scraper either way.
+Who sees the page (it shows user names). No tenant's process: the listener guard refuses those before a byte is
+read (listener_guard/). With ``server.monitor`` set, whoever has its credentials. Without it, this host's own
+browser alone: a peer on this host (a loopback address, or the address it connected to) and a ``Host`` that is an
+address or ``localhost`` (a DNS-rebinding page sends its own name); another host (``metrics_listen`` on a public
+address, for a Prometheus elsewhere) is told to set ``server.monitor``. So basic auth is optional where the page
+stays on the host, and needed to open it to others. ``/metrics`` stays open to the scraper either way.
 """
 
 from __future__ import annotations
@@ -49,6 +52,23 @@ def local_host(host: str) -> bool:
     return True
 
 
+def _on_this_host(request: web.Request) -> bool:
+    """Whether the peer is on this host: a loopback address, or the address it connected to (a connection to one
+    of the host's own addresses comes from that address)."""
+    transport = request.transport
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    own = transport.get_extra_info("sockname") if transport is not None else None
+    if not isinstance(peer, tuple):
+        return False
+    try:
+        ip = ipaddress.ip_address(str(peer[0]).split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback or (isinstance(own, tuple) and str(own[0]).split("%", 1)[0] == str(peer[0]).split("%", 1)[0])
+
+
 class MonitorPage:
     __slots__ = ("_html", "_state", "credentials")
 
@@ -63,6 +83,10 @@ class MonitorPage:
 
     def _refused(self, request: web.Request) -> web.Response | None:
         if self.credentials is None:
+            if not _on_this_host(request):
+                return web.Response(status=403, text="403: without server.monitor (basic auth), the monitor answers "
+                                                     "only a browser on elasticd's host; set server.monitor to open "
+                                                     "it to others\n", headers=_HEADERS)
             if local_host(request.host):
                 return None
             # Without credentials the page is for this host's own browser: a Host that is a name (not an address,
