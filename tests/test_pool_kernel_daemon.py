@@ -44,7 +44,8 @@ def _metric(d, name: str, **labels: str) -> float | None:
     with urllib.request.urlopen(f"http://127.0.0.1:{d.metrics_port}/metrics", timeout=10) as response:
         page = response.read().decode()
     for line in page.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+        if (line.startswith(name + "{") or (not labels and line.startswith(name + " "))) \
+                and all(f'{k}="{v}"' in line for k, v in labels.items()):
             return float(line.rsplit(" ", 1)[1])
     return None
 
@@ -53,6 +54,8 @@ def test_a_busy_handler_is_never_hung_a_stopped_worker_is(daemons, tmp_path):
     d = daemons(GROUP.format(cpu="max", root=tmp_path, pool="{min_workers: 2, max_workers: 2}"), extra_server=FAST)
     d.start()
     before = _running(d.wait_pool(lambda g: len(_running(g)) == 2, 30, "two workers"))
+    assert _metric(d, "elasticd_group_workers", tenant="acme", app="shop", group="green", state="running") == 2
+    assert _metric(d, "elasticd_sampler_last_success_timestamp_seconds") > time.time() - 30
     busy_pid, stopped_pid = before[f"{KEY}.1"], before[f"{KEY}.2"]
     answer: dict[str, tuple[int, str, str | None]] = {}
     # 2 s of CPU inside the handler: ten occupancy intervals with the worker's event loop held.

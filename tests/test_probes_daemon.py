@@ -109,6 +109,10 @@ def test_a_worker_that_says_it_is_full_gets_no_new_user_and_a_failing_probe_forg
     assert "capacity probe of acme.shop.green.1: unreachable (HTTP 503" in d.log_text()
     time.sleep(0.5)  # five more failing polls: still one line (said once per change of state, not per tick)
     assert d.log_text().count("capacity probe of acme.shop.green.1: unreachable (HTTP 503") == 1
+    failures = [line for line in _get(d.metrics_port, "/metrics")[1].decode().splitlines()
+                if line.startswith('elasticd_capacity_probe_failures_total{app="shop",group="green",'
+                                   'node="acme.shop.green.1",reason="unreachable",tenant="acme"}')]
+    assert failures and float(failures[0].rsplit(" ", 1)[1]) >= 3, failures  # every failed poll counted
     print(f"reading forgotten {forgotten:.2f}s after its source failed (interval 0.1s)")
 
 

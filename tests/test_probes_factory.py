@@ -296,6 +296,9 @@ class Sink:
     def forget(self, node: str, source: str | None) -> None:
         self.calls.append(("forget", node, source))
 
+    def failed(self, node: str, reason: str) -> None:
+        pass
+
 
 WORKER = ProbeTarget("acme.shop.green.1", "acme", "shop", "green", 8, socket="/run/elasticd/w1.sock")
 NODE = ProbeTarget("acme.shop.green@gpu-1", "acme", "shop", "green", 4, url="http://gpu-1:8000")

@@ -50,6 +50,9 @@ class Sink:
         if held is not None and (source is None or held.source == source):
             del self.readings[node]
 
+    def failed(self, node: str, reason: str) -> None:
+        pass
+
     def sets(self) -> list[Reading]:
         return [reading for kind, _, reading in self.calls if kind == "set"]
 

@@ -102,6 +102,7 @@ class Sampler:
         "keep",
         "last_duration",
         "last_reads",
+        "last_success",
         "last_ts",
         "sys_root",
     )
@@ -123,6 +124,7 @@ class Sampler:
         self._skip: frozenset[str] = frozenset()
         self._tick = 0
         self.fd_budget = 0  # descriptors the sampler may keep open (set_targets)
+        self.last_success: float | None = None  # the wall time of the last pass of run() that did not fail
         self.last_duration: float | None = None  # seconds of the last pass (wall clock)
         self.last_reads = 0  # cgroups read in full by the last pass
         self.last_ts: float | None = None
@@ -278,6 +280,7 @@ class Sampler:
             now = clock()
             try:
                 self.sample_once(now)
+                self.last_success = time.time()  # (for alerting: elasticd_sampler_last_success_timestamp_seconds)
             except Exception:  # a bug in one pass must not end accounting for the daemon's lifetime
                 log.exception("cgroup sampling failed")
             next_at += interval

@@ -29,6 +29,7 @@ class SampleSource(Protocol):
     def latest(self) -> Mapping[tuple[str, ...], Sample]: ...
 
     last_duration: float | None
+    last_success: float | None
 
 
 def _sec(usec: int | None) -> float | None:
@@ -124,6 +125,10 @@ class AccountingCollector(Collector):
         if duration is not None:
             yield GaugeMetricFamily("elasticd_sampler_duration_seconds",
                                     "Wall time of the last cgroup sampling pass.", value=duration)
+        success = self.sampler.last_success
+        if success is not None:
+            yield GaugeMetricFamily("elasticd_sampler_last_success_timestamp_seconds",
+                                    "When the cgroup sampler last finished a pass (Unix time).", value=success)
         yield GaugeMetricFamily("elasticd_sampler_cgroups", "Cgroups sampled (tenants and apps), idle ones too.",
                                 value=len(latest))
         yield GaugeMetricFamily("elasticd_apps_shown", "Apps whose own series this page exports (active within "

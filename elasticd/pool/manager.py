@@ -182,6 +182,15 @@ class PoolManager:
     def groups(self) -> list[GroupKey]:
         return list(self._groups)
 
+    def worker_states(self) -> dict[GroupKey, dict[str, int]]:
+        """Per group with workers, how many are in each state of their life (supervisor/lifecycle.py)."""
+        counts: dict[GroupKey, dict[str, int]] = {}
+        for key in self._groups:
+            for worker in self._supervisor.workers_of(key):
+                states = counts.setdefault(key, {})
+                states[worker.state.value] = states.get(worker.state.value, 0) + 1
+        return counts
+
     def decision_counts(self) -> dict[GroupKey, dict[str, int]]:
         return {key: dict(record.book.journal.counts) for key, record in self._groups.items()}
 

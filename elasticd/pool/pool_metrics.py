@@ -34,16 +34,24 @@ class PoolCollector(Collector):
         occupancy = GaugeMetricFamily("elasticd_worker_occupancy",
                                       "A worker's occupancy in [0, 1]: the max of its smoothed components.",
                                       labels=["tenant", "app", "group", "worker"])
-        workers = GaugeMetricFamily("elasticd_group_workers", "Workers in a group (any state).",
-                                    labels=["tenant", "app", "group"])
+        workers = GaugeMetricFamily("elasticd_group_workers", "Workers in a group, by the state of their life "
+                                    "(running always; another state while some worker is in it).",
+                                    labels=["tenant", "app", "group", "state"])
         sizes: dict[tuple[str, str, str], int] = {}
         for key, worker_id, value in self._pool.occupancies():
             occupancy.add_metric([*key, worker_id], value)
             sizes[key] = sizes.get(key, 0) + 1
         shown = self._shown
+        states = self._pool.worker_states()
         for key in self._pool.groups():
-            if sizes.get(key) or shown is None or shown(key[0], key[1]):
-                workers.add_metric(list(key), sizes.get(key, 0))
+            counted = states.get(key)
+            if counted or shown is None or shown(key[0], key[1]):
+                # (only the states some worker is in, and running: 8 series a group, for thousands of groups at
+                # rest, would be most of a scrape; an alert on failed or backoff reads a missing series as none)
+                workers.add_metric([*key, "running"], (counted or {}).get("running", 0))
+                for state, count in sorted((counted or {}).items()):
+                    if state != "running":
+                        workers.add_metric([*key, state], count)
         decisions = CounterMetricFamily("elasticd_pool_decisions", "Pool decisions taken, by group and kind.",
                                         labels=["tenant", "app", "group", "decision"])
         # A group that never had a worker nor a decision (at zero, idle: most of a host of idle tenants) has no

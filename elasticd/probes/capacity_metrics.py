@@ -1,12 +1,12 @@
 """``elasticd_capacity_used`` / ``elasticd_capacity_limit{tenant,app,group,node,source}``: each fresh capacity
 reading of a worker or a node, by the source it came from (a reading past its time has no series: what is not
-believed is not exported either)."""
+believed is not exported either); ``elasticd_capacity_probe_failures_total{…,reason}``: its polls that failed."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from elasticd.probes.state import CapacityState
@@ -34,5 +34,13 @@ class CapacityCollector(Collector):
                 names = [target.tenant, target.app, target.group, target.node, reading.source]
                 used.add_metric(names, reading.used)
                 limit.add_metric(names, reading.limit)
+        failures = CounterMetricFamily("elasticd_capacity_probe_failures", "Capacity polls that failed (the reading "
+                                       "forgotten), by worker or node and why: unreachable, too-big, malformed, "
+                                       "failed.",
+                                       labels=["tenant", "app", "group", "node", "reason"])
+        for (tenant, app, group, node), counts in self._state.failures.items():
+            for reason, count in sorted(counts.items()):
+                failures.add_metric([tenant, app, group, node, reason], count)
         yield used
         yield limit
+        yield failures

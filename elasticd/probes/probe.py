@@ -69,6 +69,8 @@ class ProbeSink(Protocol):
 
     def forget(self, node: str, source: str | None) -> None: ...
 
+    def failed(self, node: str, reason: str) -> None: ...
+
 
 class Probe:
     source: ClassVar[str | None] = None
@@ -175,6 +177,10 @@ class Probe:
         if self.is_stopped:
             return False
         self._forget_own()
+        try:
+            self.sink.failed(self.node, state.replace(" ", "-"))  # (elasticd_capacity_probe_failures_total)
+        except Exception:
+            log.exception("capacity of %s: counting its failure failed", self.node)
         self._state(state, detail)
         return True
 

@@ -45,7 +45,7 @@ def source_key(target: ProbeTarget, config: Capacity) -> str:
 
 class CapacityState:
     __slots__ = ("_blocks", "_full", "_mono", "_on_capacity", "_on_room", "_probes", "_said", "_stopped", "_targets",
-                 "_timers", "_wall", "readings")
+                 "_timers", "_wall", "failures", "readings")
 
     def __init__(self, full: FullMap, on_room: Callable[[str, GroupKey], Any],
                  on_capacity: Callable[[str, GroupKey, float | None], Any], *,
@@ -62,6 +62,9 @@ class CapacityState:
         self._stopped: list[Probe] = []  # probes a sync stopped, until their HTTP session is closed
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._said: set[tuple[str, str]] = set()  # build failures warned about (once per node and error)
+        # Failed polls, per target (tenant, app, group, node) and reason: elasticd_capacity_probe_failures_total.
+        # A target's counts go with it (a worker's node name is its id: kept, they would grow with every restart).
+        self.failures: dict[tuple[str, str, str, str], dict[str, int]] = {}
 
     # ------------------------------------------------------------------ which probes run
 
@@ -108,6 +111,7 @@ class CapacityState:
             probe.stop()
             self._stopped = [p for p in self._stopped if not p.closed] + [probe]  # its session closes later
         target = self._targets.pop(node)
+        self.failures.pop((target.tenant, target.app, target.group, node), None)
         self._blocks.pop(node, None)
         self.readings.drop(node)
         self._changed(node, target)
@@ -134,6 +138,13 @@ class CapacityState:
         target = self._targets.get(node)
         if self.readings.forget(node, source) and target is not None:
             self._changed(node, target)
+
+    def failed(self, node: str, reason: str) -> None:
+        target = self._targets.get(node)
+        if target is None:
+            return  # (a node no longer described)
+        counts = self.failures.setdefault((target.tenant, target.app, target.group, node), {})
+        counts[reason] = counts.get(reason, 0) + 1
 
     def backoff(self, node: str, retry_after: bytes) -> None:
         """A 429 from ``node``: with a Retry-After, and a capacity block other than ``inflight`` (an app's own
