@@ -50,6 +50,7 @@ IMAGE_DIR = HERE / "image"
 GUEST_DIR = HERE / "guest"
 HOSTILE_WORKER = REPO / "tests" / "apps" / "hostile_worker.py"
 VIEW_PROBE = REPO / "tests" / "apps" / "view_probe.py"
+LISTENER_PROBE = REPO / "tests" / "apps" / "listener_probe.py"
 DEFAULT_CACHE = Path(os.environ.get("ELASTICD_IT_CACHE", "/var/cache/elasticd-integration"))
 DEFAULT_WORK = REPO / "build"  # the run directory is build/integration-<suite>
 SUITES = ("bookworm", "trixie")
@@ -160,6 +161,7 @@ def prepare_share(work: Path, deb: Path, only: list[str]) -> Path:
     # Scenario 19's hostile tenant is the functional tests' own (one program, not a copy kept in step by hand).
     shutil.copy2(HOSTILE_WORKER, share / "guest" / "hostile_worker.py")
     shutil.copy2(VIEW_PROBE, share / "guest" / "view_probe.py")  # scenario 20's, as 19's
+    shutil.copy2(LISTENER_PROBE, share / "guest" / "listener_probe.py")  # scenario 25's
     (share / "guest" / "options.json").write_text(json.dumps({"only": only}))
     return share
 
@@ -366,7 +368,7 @@ def run_releases(suites: list[str], argv: list[str]) -> int:
     if not any(a == "--timeout" or a.startswith("--timeout=") for a in forwarded) \
             and not os.environ.get("ELASTICD_IT_TIMEOUT"):
         # Two TCG guests share the host's cores: each of the last runs took about 1.3 times as long as alone. The 25
-        # scenarios took about 2,700 s a guest in stop 41's full run (24-crash and 25-remove add 6-8 minutes to
+        # scenarios took about 2,700 s a guest in stop 41's full run (24-crash and 26-remove add 6-8 minutes to
         # CI's 1,950 s of stop 40), and a slow day (stop 39's: every scenario 1.5-2 times its usual time) adds more:
         # 3,600 still ends a hung guest inside CI's 90 minutes (./dev test and the fresh host take about 1,100 s).
         forwarded += ["--timeout", "3600"]

@@ -41,12 +41,14 @@ TENANT, APP, HOST = "cpu", "burn", "burn.localhost"  # the suite's tenant with c
 LIMIT = 0.2  # cores
 TOLERANCE = 0.25
 
+RULES = "/usr/share/elasticd/prometheus/elasticd-rules.yml"  # the .deb's rules for the operator's Prometheus
 PROM_CONFIG = f"""\
 # The suite's Prometheus: elasticd's /metrics on loopback, every {SCRAPE_INTERVAL} s.
 global:
   scrape_interval: {SCRAPE_INTERVAL}s
   scrape_timeout: {SCRAPE_INTERVAL}s
   evaluation_interval: {SCRAPE_INTERVAL}s
+rule_files: [{RULES}]
 scrape_configs:
   - job_name: elasticd
     static_configs:
@@ -114,6 +116,23 @@ def _start_prometheus() -> tuple[subprocess.Popen, str, float]:
     return process, version, time.monotonic() - start
 
 
+def _rules_loaded() -> str:
+    """The shipped rule groups as Prometheus loaded them: each rule evaluated without error."""
+    def evaluated() -> list[dict[str, Any]] | None:
+        groups = _prom("/api/v1/rules")["groups"]
+        rules = [rule for group in groups for rule in group["rules"]]
+        return groups if rules and all(rule.get("lastEvaluation", "").startswith("20") for rule in rules) else None
+
+    groups = wait_for(evaluated, 60, 1) or _prom("/api/v1/rules")["groups"]
+    rules = [rule for group in groups for rule in group["rules"]]
+    bad = [f"{rule['name']}: {rule.get('health')} {rule.get('lastError', '')}" for rule in rules
+           if rule.get("health") != "ok"]
+    check({g["name"] for g in groups} == {"elasticd-recording", "elasticd-alerts"} and not bad,
+          f"Prometheus' rules: groups {[g['name'] for g in groups]}, unhealthy {bad}")
+    alerts = sum(1 for rule in rules if rule["type"] == "alerting")
+    return f"{len(rules) - alerts} recording and {alerts} alerting rules, all healthy"
+
+
 def _stop(process: subprocess.Popen) -> None:
     """By its pid: SIGTERM (it flushes its head block), SIGKILL after 30 s."""
     if process.poll() is None:
@@ -176,8 +195,14 @@ def s_accounting() -> tuple[str, dict[str, Any]]:
         scrapes = _instant(f'count_over_time(up{{job="elasticd"}}[{WINDOW}])', at)
         ups = _instant(f'min_over_time(up{{job="elasticd"}}[{WINDOW}])', at)
         _, samples, families = _promtool()
+        rules = _rules_loaded()
+        recorded = _instant('tenant:elasticd_cpu_usage:ratio_rate2m', wall + BURN_S + SCRAPE_INTERVAL)
     finally:
         _stop(process)
+    rules_check = run(["promtool", "check", "rules", RULES])
+    check(rules_check.returncode == 0, f"promtool check rules {RULES}: {rules_check.stdout}{rules_check.stderr}")
+    check(TENANT in recorded and recorded[TENANT] > 0.5, f"the shipped recording rule's ratio of {TENANT}'s CPU to "
+          f"its limit: {recorded}")
     check(codes and all(c == 200 for c in codes), f"the burn's requests answered {codes}")
     check(TENANT in rates, f"no rate for tenant {TENANT}: {rates}")
     rate = rates[TENANT]
@@ -196,7 +221,9 @@ def s_accounting() -> tuple[str, dict[str, Any]]:
               f"burn {kernel_rate:.3f}); first of {len(ranked)} tenants (next {runner_up[0]} {runner_up[1]:.3f}); "
               f"elasticctl high --json: {top} first at {top_usage['cpu_percent']:.1f}% / "
               f"{top_usage['cpu_limit_percent']:g}% (table's first row: {rows[0][0]}); promtool check metrics: "
-              f"exit 0, no output ({samples} samples, {families} families)")
+              f"exit 0, no output ({samples} samples, {families} families); the shipped rules loaded "
+              f"({rules}), `promtool check rules` {rules_check.stdout.strip().splitlines()[-1].strip()}, "
+              f"tenant:elasticd_cpu_usage:ratio_rate2m of {TENANT} {recorded[TENANT]:.2f}")
     details = {"rates": rates, "limits": limits, "scrapes": scrapes, "kernel_rate": kernel_rate, "high": high,
                "high_table": table.stdout, "requests": len(codes), "prometheus_ready_s": ready_s}
     check(abs(rate - LIMIT) <= TOLERANCE * LIMIT, f"rate {rate:.3f} is not {LIMIT} ±{TOLERANCE:.0%}: {figure}")

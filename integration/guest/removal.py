@@ -1,4 +1,4 @@
-"""Scenario 25, issue #42: ``apt-get remove elasticd`` with elasticd, its keeper and a worker running leaves nothing
+"""Scenario 26, issue #42: ``apt-get remove elasticd`` with elasticd, its keeper and a worker running leaves nothing
 running — no process in either unit's cgroup, the keeper's socket no longer listening — and keeps
 ``/etc/elastic.yaml`` (a conffile). The last scenario: the package is not installed again (the guest powers off next;
 a reinstall under TCG took 2-3 minutes of CI's time).

@@ -26,6 +26,10 @@ This is the one entry point; the scenarios live beside it, one module per subjec
   no connection).
 - ``density.py``: 23, issue #41 (2,000 apps over 400 tenants, one file each in /etc/elastic.d: up, reloads that
   write what changed, a panel's tenant add and remove, the journal short).
+- ``crash.py``: 24, issue #42 (kill -9 of elasticd under load, a crash loop, the watchdog, an OOM kill).
+- ``listeners.py``: 25, issue #43 (elasticd's own listeners refuse every tenant's process: tests/apps/
+  listener_probe.py, copied as above).
+- ``removal.py``: 26, issue #42 (apt-get remove with everything running; last: it removes the package).
 
 Plain python3 and the standard library only: this judges elasticd from the outside, the way an operator
 would, through systemctl, the journal, the front (HTTP with Host headers), the admin socket, elasticctl,
@@ -71,6 +75,7 @@ from enforcement import (  # noqa: E402
 )
 from hostile_tenant import s_hostile  # noqa: E402
 from isolation import s_isolation  # noqa: E402
+from listeners import s_listeners  # noqa: E402
 from live_move import s_move  # noqa: E402
 from pool_kernel import s_pool_limits  # noqa: E402
 from removal import s_remove  # noqa: E402
@@ -127,7 +132,10 @@ SCENARIOS: list[tuple[str, str, Scenario]] = [
     ("24-crash", "kill -9 of elasticd under load: its keeper keeps the workers, the next instance adopts them, users "
      "keep their state, no connection refused; a crash loop and a watchdog abort likewise; once systemd gives up "
      "the keeper stops the orphans", s_crash),
-    ("25-remove", "apt-get remove with elasticd and its keeper running leaves no process and keeps /etc/elastic.yaml",
+    ("25-listeners", "elasticd's metrics and agent listeners refuse every tenant's process (by its user, or its "
+     "cgroup for a tenant running as root) and serve root and the prometheus user; a thousand connections from a "
+     "tenant are refused and leave nothing", s_listeners),
+    ("26-remove", "apt-get remove with elasticd and its keeper running leaves no process and keeps /etc/elastic.yaml",
      s_remove),
 ]
 
