@@ -227,6 +227,26 @@ def test_the_gate_hands_a_served_connection_over_whole_and_refuses_the_others(an
         assert received in (b"reset", b"") and sum(refusals.values()) == 1
 
 
+def test_a_tenant_that_connects_and_sends_nothing_is_reset_at_once():
+    async def run() -> tuple[bytes, float]:
+        guard = ListenerGuard(dict, lambda: {1001: "t"}, diag=_Diag(Peer(1001, 5, 1, "established")))  # type: ignore[arg-type]
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(guard.protocol_factory("agent", asyncio.Protocol), "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+        began = loop.time()
+        try:
+            received = await asyncio.wait_for(reader.read(), 5)  # (nothing sent: the end comes without waiting)
+        except ConnectionResetError:
+            received = b"reset"
+        writer.close()
+        server.close()
+        await server.wait_closed()
+        return received, loop.time() - began
+
+    received, took = asyncio.run(run())
+    assert received in (b"reset", b"") and took < 1
+
+
 def test_a_peer_at_another_hosts_address_is_served_without_a_lookup():
     diag = _Diag(Peer(1001, 5, 1, "established"))
     guard = ListenerGuard(dict, lambda: {1001: "t"}, diag=diag, addresses=lambda: {"10.0.0.9"})  # type: ignore[arg-type]
