@@ -211,14 +211,29 @@ def boot(command: list[str], console: Path, timeout: float, echo: bool) -> tuple
 
 
 def read_results(results: Path) -> tuple[list[str], dict[str, dict], dict | None]:
-    plan = json.loads((results / "plan.json").read_text()) if (results / "plan.json").exists() else []
-    found = {}
+    """The guest's plan, its scenarios' results and its 'done' marker. A file it left unreadable (cut short when the
+    guest went down mid-write) is that scenario's failure, said with its name, not the harness's crash."""
+    def load(path: Path) -> object:
+        try:
+            return json.loads(path.read_text(errors="replace"))
+        except (OSError, ValueError) as exc:
+            return exc
+
+    plan = load(results / "plan.json") if (results / "plan.json").exists() else []
+    if not isinstance(plan, list):
+        print(f"integration: the guest's plan.json is unreadable: {plan}", flush=True)
+        plan = []
+    found: dict[str, dict] = {}
     for path in sorted(results.glob("*.json")):
         if path.name != "plan.json":
-            data = json.loads(path.read_text())
-            found[data["scenario"]] = data
-    done = json.loads((results / "done").read_text()) if (results / "done").exists() else None
-    return plan, found, done
+            data = load(path)
+            if isinstance(data, dict) and isinstance(data.get("scenario"), str):
+                found[data["scenario"]] = data
+            else:
+                found[path.stem] = {"scenario": path.stem, "ok": False, "seconds": 0.0,
+                                    "error": f"its result file {path.name} is unreadable: {data}"}
+    done = load(results / "done") if (results / "done").exists() else None
+    return plan, found, done if isinstance(done, dict) else None
 
 
 def table(plan: list[str], found: dict[str, dict]) -> str:
