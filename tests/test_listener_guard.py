@@ -22,7 +22,8 @@ from harness import Daemon, browse, free_port
 
 from elasticd.config.isolation import BWRAP
 from elasticd.listener_guard.guard import ListenerGuard
-from elasticd.listener_guard.sock_diag import Peer, SockDiag
+from elasticd.listener_guard.sock_diag import SockDiag
+from elasticd.listener_guard.verdict import Peer
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 PROBE = Path(__file__).resolve().parent / "apps" / "listener_probe.py"
@@ -164,11 +165,11 @@ def test_the_kernel_names_a_local_peer_and_forgets_a_closed_one():
         with accepted:
             found = diag.peer(peer, accepted.getsockname())
             assert isinstance(found, Peer) and found.uid == os.geteuid() and found.held
-            assert found.state == "established" and found.cgroup_id is not None  # (every kernel since 5.7)
+            assert found.tcp_state == "established" and found.cgroup_id is not None  # (every kernel since 5.7)
             assert diag.peer(("127.0.0.1", 1), accepted.getsockname()) is None  # nobody's
             client.close()  # the peer goes: FIN-WAIT, then gone; never a held socket again
             after = diag.peer(peer, accepted.getsockname())
-            assert after is None or not after.held or after.state != "established"
+            assert after is None or not after.held or after.tcp_state != "established"
     diag.close()
 
 

@@ -9,8 +9,8 @@ import struct
 
 import pytest
 
-from elasticd.listener_guard.sock_diag import INET_DIAG_CGROUP_ID, Peer, SockDiagError, parse_answer, request
-from elasticd.listener_guard.verdict import SERVED, Verdict, is_local, judge, tenants_by_uid
+from elasticd.listener_guard.sock_diag import INET_DIAG_CGROUP_ID, SockDiagError, parse_answer, request
+from elasticd.listener_guard.verdict import SERVED, Peer, PeerVerdict, is_local, judge, tenants_by_uid
 
 CGROUPS = {501: "acme", 502: "acme", 601: "globex"}
 UIDS = {1001: "acme", 1002: "globex"}
@@ -21,15 +21,15 @@ def _peer(uid: int = 0, cgroup: int | None = 1, state: str = "established", inod
 
 
 @pytest.mark.parametrize(("peer", "failed", "expected"), [
-    (None, True, Verdict(False, "lookup-failed")),
-    (None, False, Verdict(False, "peer-gone")),
-    (_peer(uid=1001, inode=0), False, Verdict(False, "peer-gone", uid=1001)),
-    (_peer(uid=0, state="time-wait"), False, Verdict(False, "peer-gone", uid=0)),
-    (_peer(uid=0, cgroup=601), False, Verdict(False, "tenant-cgroup", "globex", 0)),  # a tenant without `user:`
-    (_peer(uid=1001, cgroup=502), False, Verdict(False, "tenant-cgroup", "acme", 1001)),
-    (_peer(uid=1002, cgroup=1), False, Verdict(False, "tenant-user", "globex", 1002)),  # out of its cgroup: its user
-    (_peer(uid=1002, cgroup=None), False, Verdict(False, "tenant-user", "globex", 1002)),  # a kernel before 5.7
-    (_peer(uid=1002, cgroup=501), False, Verdict(False, "tenant-cgroup", "acme", 1002)),  # the cgroup says whose
+    (None, True, PeerVerdict(False, "lookup-failed")),
+    (None, False, PeerVerdict(False, "peer-gone")),
+    (_peer(uid=1001, inode=0), False, PeerVerdict(False, "peer-gone", uid=1001)),
+    (_peer(uid=0, state="time-wait"), False, PeerVerdict(False, "peer-gone", uid=0)),
+    (_peer(uid=0, cgroup=601), False, PeerVerdict(False, "tenant-cgroup", "globex", 0)),  # a tenant without `user:`
+    (_peer(uid=1001, cgroup=502), False, PeerVerdict(False, "tenant-cgroup", "acme", 1001)),
+    (_peer(uid=1002, cgroup=1), False, PeerVerdict(False, "tenant-user", "globex", 1002)),  # its user, outside
+    (_peer(uid=1002, cgroup=None), False, PeerVerdict(False, "tenant-user", "globex", 1002)),  # a kernel before 5.7
+    (_peer(uid=1002, cgroup=501), False, PeerVerdict(False, "tenant-cgroup", "acme", 1002)),  # the cgroup says whose
     (_peer(uid=0, cgroup=1), False, SERVED),  # root's Prometheus
     (_peer(uid=115, cgroup=9999), False, SERVED),  # the prometheus user, in its own unit
     (_peer(uid=115, state="fin-wait-2"), False, SERVED),  # half-closed after its request: still reads
@@ -39,9 +39,9 @@ def test_the_verdict_table(peer, failed, expected):
 
 
 def test_a_verdict_names_the_peer_by_tenant_then_uid():
-    assert Verdict(False, "tenant-user", "acme", 1001).who == "tenant acme"
-    assert Verdict(False, "peer-gone", uid=7).who == "uid 7"
-    assert Verdict(False, "lookup-failed").who == "an unknown local peer"
+    assert PeerVerdict(False, "tenant-user", "acme", 1001).who == "tenant acme"
+    assert PeerVerdict(False, "peer-gone", uid=7).who == "uid 7"
+    assert PeerVerdict(False, "lookup-failed").who == "an unknown local peer"
 
 
 @pytest.mark.parametrize(("peer", "own", "hosts", "local"), [

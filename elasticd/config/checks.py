@@ -16,7 +16,7 @@ from elasticd.config.isolation import inside
 from elasticd.config.model import Server, Tenant
 from elasticd.config.programs import check_programs
 from elasticd.config.walk import Walk
-from elasticd.listener_guard.own import points_at, this_host
+from elasticd.listener_guard.own import bound_here, points_at, this_hosts_names
 
 __all__ = ["check_document", "root_refusal"]
 
@@ -56,7 +56,8 @@ def _check_own_listeners(walk: Walk, server: Server, tenants: Mapping[str, Tenan
                                              [*way, "nodes", index, "capacity"]))
     if not named:
         return
-    addresses, names = this_host()
+    names = this_hosts_names()
+    addresses = {host for host, _port, _where, _way in named if bound_here(host)}  # (literal addresses only)
     for host, port, where, way in named:
         listener = points_at(host, port, listeners, addresses, names)
         if listener is None:

@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Final, cast
 
-import psutil
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from elasticd.listener_guard.host import host_addresses
 from elasticd.listener_guard.sock_diag import SockDiag, SockDiagError
-from elasticd.listener_guard.verdict import REASONS, SERVED, Verdict, is_local, judge
+from elasticd.listener_guard.verdict import REASONS, SERVED, PeerVerdict, is_local, judge
 from elasticd.refusal_log import RefusalLog
 
 __all__ = ["ListenerGuard"]
@@ -33,20 +33,6 @@ log = logging.getLogger("elasticd.listener_guard")
 _ADDRESSES_FOR: Final = 30.0  # seconds the host's own addresses are taken as known (psutil reads every interface)
 
 _SETTINGS = {"metrics": "server.metrics_listen", "agent": "server.agent_listen"}
-
-
-def host_addresses() -> set[str]:
-    """Every address of this host's interfaces (psutil; no address if it cannot read them)."""
-    found: set[str] = set()
-    try:
-        interfaces = psutil.net_if_addrs()
-    except OSError:
-        return found
-    for addresses in interfaces.values():
-        for address in addresses:
-            if address.family.name in ("AF_INET", "AF_INET6"):
-                found.add(address.address.split("%", 1)[0])
-    return found
 
 
 class ListenerGuard:
@@ -70,7 +56,7 @@ class ListenerGuard:
         self._log = RefusalLog()
         self.refusals: dict[tuple[str, str], int] = {(name, reason): 0 for name in _SETTINGS for reason in REASONS}
 
-    def judge(self, listener: str, peer: tuple[str, int], own: tuple[str, int]) -> Verdict:
+    def judge(self, listener: str, peer: tuple[str, int], own: tuple[str, int]) -> PeerVerdict:
         """The verdict on a connection from ``peer`` to ``own`` (the accepted socket's addresses), counted and logged
         when refused."""
         if not is_local(peer[0], own[0], self._known_addresses()):
@@ -93,7 +79,7 @@ class ListenerGuard:
             self._addresses_at = now
         return self._addresses
 
-    def _refused(self, listener: str, verdict: Verdict, peer: tuple[str, int], failed: Exception | None) -> None:
+    def _refused(self, listener: str, verdict: PeerVerdict, peer: tuple[str, int], failed: Exception | None) -> None:
         reason = verdict.reason or "?"
         key = (listener, reason)
         self.refusals[key] = self.refusals.get(key, 0) + 1
@@ -134,7 +120,7 @@ class _Gate(asyncio.Protocol):
         if isinstance(peer, tuple) and isinstance(own, tuple):
             verdict = self._guard.judge(self._listener, peer, own)
         else:  # (not a TCP connection: nothing elasticd's TCP listeners get)
-            verdict = Verdict(False, "lookup-failed")
+            verdict = PeerVerdict(False, "lookup-failed")
         if not verdict.served:
             # Reset, not answered: an answer (a 403) would be lost anyway to the reset that closing a socket with
             # the peer's request unread sends, unless the close waited for the peer: a timer and a socket held for

@@ -2,20 +2,21 @@
 ``agent_listen``): a ``nodes:`` URL or a capacity probe's URL there would have elasticd connect to itself — as root,
 from its own cgroup, so the guard would serve it — and hand the answer (every tenant's metrics) to the tenant.
 
-``points_at`` is pure (the host's addresses and names are passed in); ``this_host`` reads them.
+``points_at`` is pure (what is this host's is passed in); ``bound_here`` and ``this_hosts_names`` ask the kernel. The
+front imports this module (``OWN_LISTENERS``): nothing here reaches beyond the standard library, as nothing the
+compiled front imports may.
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import socket
 from collections.abc import Collection, Iterable
 
-import psutil
-
 from elasticd.config.model import Address
 
-__all__ = ["LOCAL_NAMES", "OWN_LISTENERS", "OwnListeners", "points_at", "this_host"]
+__all__ = ["LOCAL_NAMES", "OWN_LISTENERS", "OwnListeners", "bound_here", "points_at", "this_hosts_names"]
 
 # Names that are this host whatever DNS says (RFC 6761: "localhost." and every name under it is loopback).
 LOCAL_NAMES = frozenset(("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"))
@@ -31,9 +32,31 @@ def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     return ip
 
 
+def bound_here(address: str) -> bool:
+    """Whether ``address`` is one of this host's: a socket can be bound to it (the kernel answers EADDRNOTAVAIL for
+    any other). One bind of a UDP socket, closed at once: no port is held, no packet sent."""
+    ip = _ip(address)
+    if ip is None:
+        return False
+    family = socket.AF_INET6 if isinstance(ip, ipaddress.IPv6Address) else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.bind((str(ip), 0))
+    except OSError as exc:
+        return exc.errno != errno.EADDRNOTAVAIL  # (another error: taken as ours, failing closed)
+    return True
+
+
+def this_hosts_names() -> set[str]:
+    """The kernel's hostname, whole and its first label."""
+    name = socket.gethostname().lower()
+    return {name, name.split(".", 1)[0]}
+
+
 def points_at(host: str, port: int, listeners: Iterable[Address], addresses: Collection[str],
               names: Collection[str]) -> Address | None:
-    """The listener ``host:port`` reaches, or None. ``addresses``, ``names``: this host's (``this_host``).
+    """The listener ``host:port`` reaches, or None. ``addresses``: this host's among those asked about
+    (``bound_here``); ``names``: its names (``this_hosts_names``).
 
     A loopback name or address (``localhost``, ``*.localhost``, 127.0.0.0/8, ::1, and 0.0.0.0, which a connect
     takes for loopback) reaches a listener on that address, on loopback or on every address; one of this host's
@@ -65,20 +88,6 @@ def points_at(host: str, port: int, listeners: Iterable[Address], addresses: Col
         if str(bound) == reach:
             return listener
     return None
-
-
-def this_host() -> tuple[set[str], set[str]]:
-    """(this host's interface addresses, its names): psutil's and the kernel's hostname."""
-    addresses: set[str] = set()
-    try:
-        for entries in psutil.net_if_addrs().values():
-            for entry in entries:
-                if entry.family in (socket.AF_INET, socket.AF_INET6):
-                    addresses.add(entry.address.split("%", 1)[0])
-    except OSError:
-        pass
-    name = socket.gethostname().lower()
-    return addresses, {name, name.split(".", 1)[0]}
 
 
 class OwnListeners:

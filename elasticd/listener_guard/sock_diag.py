@@ -22,10 +22,11 @@ import ipaddress
 import os
 import socket
 import struct
-from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["TCP_STATES", "Peer", "SockDiag", "SockDiagError", "parse_answer", "request"]
+from elasticd.listener_guard.verdict import Peer
+
+__all__ = ["TCP_STATES", "SockDiag", "SockDiagError", "parse_answer", "request"]
 
 NETLINK_SOCK_DIAG: Final = 4
 SOCK_DIAG_BY_FAMILY: Final = 20
@@ -55,21 +56,6 @@ TCP_STATES: Final = {1: "established", 2: "syn-sent", 3: "syn-recv", 4: "fin-wai
 
 class SockDiagError(Exception):
     """The kernel did not answer the lookup (not: "no such socket", which is ``None``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Peer:
-    """The peer's socket as the kernel has it."""
-
-    uid: int
-    inode: int  # 0: no process holds it any more (closed; or a TIME-WAIT remnant, whose uid reads 0)
-    cgroup_id: int | None  # None: a kernel before 5.7 does not say
-    state: str
-
-    @property
-    def held(self) -> bool:
-        """A process still holds the socket (so could read what we send)."""
-        return self.inode != 0 and self.state != "time-wait"
 
 
 def _packed(address: str) -> tuple[int, bytes]:

@@ -31,15 +31,28 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from elasticd.listener_guard.sock_diag import Peer
-
-__all__ = ["REASONS", "SERVED", "Verdict", "is_local", "judge", "tenants_by_uid"]
+__all__ = ["REASONS", "SERVED", "Peer", "PeerVerdict", "is_local", "judge", "tenants_by_uid"]
 
 REASONS: Final = ("lookup-failed", "peer-gone", "tenant-cgroup", "tenant-user")
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class Peer:
+    """The peer's socket as the kernel has it."""
+
+    uid: int
+    inode: int  # 0: no process holds it any more (closed; or a TIME-WAIT remnant, whose uid reads 0)
+    cgroup_id: int | None  # None: a kernel before 5.7 does not say
+    tcp_state: str
+
+    @property
+    def held(self) -> bool:
+        """A process still holds the socket (so could read what we send)."""
+        return self.inode != 0 and self.tcp_state != "time-wait"
+
+
+@dataclass(frozen=True, slots=True)
+class PeerVerdict:
     served: bool
     reason: str | None = None  # one of REASONS when refused
     tenant: str | None = None  # whose process it is, when known
@@ -53,7 +66,7 @@ class Verdict:
         return f"uid {self.uid}" if self.uid is not None else "an unknown local peer"
 
 
-SERVED: Final = Verdict(True)
+SERVED: Final = PeerVerdict(True)
 
 
 def is_local(peer_address: str, own_address: str, host_addresses: Collection[str]) -> bool:
@@ -71,22 +84,22 @@ def is_local(peer_address: str, own_address: str, host_addresses: Collection[str
 
 
 def judge(peer: Peer | None, lookup_failed: bool, tenants_by_cgroup: Mapping[int, str],
-          tenants_by_uid: Mapping[int, str]) -> Verdict:
+          tenants_by_uid: Mapping[int, str]) -> PeerVerdict:
     """The verdict on a local peer, from the kernel's lookup (``peer``: None when there is no such socket;
     ``lookup_failed``: the kernel could not be asked)."""
     if lookup_failed:
-        return Verdict(False, "lookup-failed")
+        return PeerVerdict(False, "lookup-failed")
     if peer is None:
-        return Verdict(False, "peer-gone")
+        return PeerVerdict(False, "peer-gone")
     if not peer.held:
-        return Verdict(False, "peer-gone", uid=peer.uid)
+        return PeerVerdict(False, "peer-gone", uid=peer.uid)
     if peer.cgroup_id is not None:
         tenant = tenants_by_cgroup.get(peer.cgroup_id)
         if tenant is not None:
-            return Verdict(False, "tenant-cgroup", tenant, peer.uid)
+            return PeerVerdict(False, "tenant-cgroup", tenant, peer.uid)
     tenant = tenants_by_uid.get(peer.uid)
     if tenant is not None:
-        return Verdict(False, "tenant-user", tenant, peer.uid)
+        return PeerVerdict(False, "tenant-user", tenant, peer.uid)
     return SERVED
 
 

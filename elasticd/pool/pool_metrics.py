@@ -13,6 +13,7 @@ from elasticd.histogram import cumulative_buckets
 from elasticd.pool.idle import COLD_BOUNDS, ColdStarts
 from elasticd.pool.manager import LIMITED_RESOURCES, PoolManager
 from elasticd.pool.move_machine import DURATION_BOUNDS, MoveStats, Outcome
+from elasticd.supervisor.lifecycle import WorkerState
 
 __all__ = ["PoolCollector"]
 
@@ -48,10 +49,11 @@ class PoolCollector(Collector):
             if counted or shown is None or shown(key[0], key[1]):
                 # (only the states some worker is in, and running: 8 series a group, for thousands of groups at
                 # rest, would be most of a scrape; an alert on failed or backoff reads a missing series as none)
-                workers.add_metric([*key, "running"], (counted or {}).get("running", 0))
-                for state, count in sorted((counted or {}).items()):
-                    if state != "running":
-                        workers.add_metric([*key, state], count)
+                running = WorkerState.RUNNING.value
+                workers.add_metric([*key, running], (counted or {}).get(running, 0))
+                for name, count in sorted((counted or {}).items()):
+                    if name != running:
+                        workers.add_metric([*key, name], count)
         decisions = CounterMetricFamily("elasticd_pool_decisions", "Pool decisions taken, by group and kind.",
                                         labels=["tenant", "app", "group", "decision"])
         # A group that never had a worker nor a decision (at zero, idle: most of a host of idle tenants) has no
