@@ -14,7 +14,8 @@ another python3 version, a checkout those users cannot read) it says why and run
 
 Then for each attack (the baseline ``burn`` first: the attacker only burns a core; then ``reports``, ``garbage``,
 ``longlines``, ``channel-all``, ``unannounced``, ``stdout``, ``slowloris`` and ``unread``, which issue 27 did not
-list: see the worker's docstring for each), on a fresh elasticd:
+list, and ``listeners``, issue 43's: connections to elasticd's metrics listener; see the worker's docstring for
+each), on a fresh elasticd:
 
 1. start elasticd with the attacker burning a core, wait until both apps answer through the front, warm the
    neighbour up (1 s of wrk), read elasticd's open descriptors and RSS ("before");
@@ -84,7 +85,8 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 ATTACKER_CPUS = str((os.cpu_count() or 1) - 1)
 GOOD_HOST = "good.localhost"
 EVIL_HOST = "evil.localhost"
-ATTACKS = ("burn", "reports", "garbage", "longlines", "channel-all", "unannounced", "stdout", "slowloris", "unread")
+ATTACKS = ("burn", "reports", "garbage", "longlines", "channel-all", "unannounced", "stdout", "slowloris", "unread",
+           "listeners")
 NOFILE = 65536  # elasticd.service's LimitNOFILE=
 FD_SLACK, RSS_SLACK_MIB, RSS_SLACK_SHARE = 5, 5.0, 0.10
 
@@ -316,7 +318,8 @@ tenants:
             command: ["{{python}}", "{hostile}"]
             python: {python}
             env: {{HOSTILE_CONTROL: "{control}", HOSTILE_FRONT: "127.0.0.1:{port}", HOSTILE_HOST: "{evil_host}",
-                  HOSTILE_SLOW_KINDS: "{slow_kinds}", HOSTILE_CPUS: "{attacker_cpus}"}}
+                  HOSTILE_SLOW_KINDS: "{slow_kinds}", HOSTILE_CPUS: "{attacker_cpus}",
+                  HOSTILE_METRICS: "127.0.0.1:{metrics_port}"}}
             concurrency: 8
             pool: {{min_workers: 1, max_workers: 1}}
 """

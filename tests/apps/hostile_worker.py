@@ -21,6 +21,9 @@ chosen by its first argument or ``$HOSTILE_ATTACK``, it runs one attack flat out
                  ``$HOSTILE_CLIENTS`` (default 64) connections, plus request heads sent one header a second
                  (``slowhead``); ``$HOSTILE_SLOW_KINDS`` (e.g. ``endless``) sends only those kinds. Those
                  paths are hostile only while slowloris runs (otherwise they answer 200 ``ok`` like ``/``)
+    listeners    connections to elasticd's own ``metrics_listen`` (``$HOSTILE_METRICS``, HOST:PORT) flat out, from
+                 ``$HOSTILE_CLIENTS`` threads, each asking ``GET /metrics`` and reading until the end (issue 43:
+                 elasticd resets each before reading it)
     none         (the default) serve only
 
 Every attack also burns one core, as ``burn`` does, so each benchmark row burns the same CPU as the baseline; for
@@ -76,6 +79,7 @@ ATTACKS: dict[str, tuple[str, ...]] = {
     "unannounced": ("unannounced",),
     "stdout": ("stdout",),
     "slowloris": ("slowloris",),
+    "listeners": ("listeners",),
 }
 SLOW_KINDS = ("hold", "drip", "endless", "slowhead")
 _PAUSE = 0.001  # after a refused connect or announce: what a real attacker would wait, and no less
@@ -99,6 +103,7 @@ class Settings:
         self.clients = int(env.get("HOSTILE_CLIENTS", "64"))
         self.line_kb = int(env.get("HOSTILE_LINE_KB", "70"))
         self.front = env.get("HOSTILE_FRONT", "")
+        self.metrics = env.get("HOSTILE_METRICS", "")
         kinds = [k.strip() for k in env.get("HOSTILE_SLOW_KINDS", "").split(",") if k.strip() in SLOW_KINDS]
         self.slow_kinds = tuple(kinds) or SLOW_KINDS
         self.host = env.get("HOSTILE_HOST", "")
@@ -453,6 +458,38 @@ def slowloris_clients(part: Part) -> None:
         time.sleep(0.5)
 
 
+def _metrics_client(part: Part, address: tuple[str, int]) -> None:
+    while not part.orphaned():
+        if not part.may_connect("connections"):
+            continue
+        part.count("connections")
+        try:
+            with socket.create_connection(address, timeout=5.0) as sock:
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                received = 0
+                while data := sock.recv(1 << 16):
+                    received += len(data)
+            part.count("answered" if received else "closed")
+            part.count("bytes_read", received)
+        except OSError:
+            part.count("refused")
+            time.sleep(_PAUSE)
+
+
+def listener_flood(part: Part) -> None:
+    host, _, port = part.settings.metrics.rpartition(":")
+    if not port.isdigit():  # no listener named: nothing to attack
+        while not part.orphaned():
+            time.sleep(0.5)
+        return
+    clients = part.settings.clients if part.settings.limit is None else min(part.settings.clients,
+                                                                             part.settings.limit)
+    for _ in range(clients):
+        threading.Thread(target=_metrics_client, args=(part, (host or "127.0.0.1", int(port))), daemon=True).start()
+    while not part.orphaned():
+        time.sleep(0.5)
+
+
 PARTS: dict[str, Callable[[Part], None]] = {
     "burn": burn,
     "reports": channel_flood,
@@ -462,6 +499,7 @@ PARTS: dict[str, Callable[[Part], None]] = {
     "unannounced": unannounced,
     "stdout": stdout_flood,
     "slowloris": slowloris_clients,
+    "listeners": listener_flood,
 }
 
 
