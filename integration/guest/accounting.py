@@ -201,8 +201,10 @@ def s_accounting() -> tuple[str, dict[str, Any]]:
         _stop(process)
     rules_check = run(["promtool", "check", "rules", RULES])
     check(rules_check.returncode == 0, f"promtool check rules {RULES}: {rules_check.stdout}{rules_check.stderr}")
-    check(TENANT in recorded and recorded[TENANT] > 0.5, f"the shipped recording rule's ratio of {TENANT}'s CPU to "
-          f"its limit: {recorded}")
+    # (its 2-minute rate, evaluated every 30 s, spans the idle time before the 40 s burn too: the burning tenant's is
+    # the highest, not its limit's whole)
+    check(TENANT in recorded and recorded[TENANT] > 0 and recorded[TENANT] == max(recorded.values()),
+          f"the shipped recording rule's ratio of each tenant's CPU to its limit: {recorded}")
     check(codes and all(c == 200 for c in codes), f"the burn's requests answered {codes}")
     check(TENANT in rates, f"no rate for tenant {TENANT}: {rates}")
     rate = rates[TENANT]
