@@ -63,7 +63,10 @@ async def _tcp(connecting: Coroutine[Any, Any, tuple[asyncio.BaseTransport, P]])
     and failed the same way: elasticd would ask itself, as root, for the tenant."""
     transport, protocol = await asyncio.wait_for(connecting, NODE_CONNECT_TIMEOUT)
     peer, own = transport.get_extra_info("peername"), transport.get_extra_info("sockname")
-    if isinstance(peer, tuple) and OWN_LISTENERS.reached(peer[:2], own[:2] if isinstance(own, tuple) else None):
+    # (each end spelled out: Debian 12's mypyc, which type-checks this module for the compiled front, reads a slice
+    # of a tuple as a tuple of any length)
+    if isinstance(peer, tuple) and OWN_LISTENERS.reached(
+            (str(peer[0]), int(peer[1])), (str(own[0]), int(own[1])) if isinstance(own, tuple) else None):
         transport.close()  # (nothing was written: the close sends no byte of a request)
         raise ConnectionRefusedError(f"{peer[0]}:{peer[1]} is elasticd's own listener: not a node")
     return transport, protocol
