@@ -125,7 +125,7 @@ def test_a_probe_name_that_resolves_to_elasticds_own_listener_is_not_connected_t
         resolver = probe._NotOwnListeners()
         with pytest.raises(OSError, match="resolves to elasticd's own listener"):
             await resolver.resolve("localhost", 9464, socket.AF_INET)
-        assert [entry["host"] for entry in await resolver.resolve("localhost", 9465, socket.AF_INET)] == ["127.0.0.1"]
+        assert {entry["host"] for entry in await resolver.resolve("localhost", 9465, socket.AF_INET)} == {"127.0.0.1"}
         await resolver.close()
 
     asyncio.run(run())
