@@ -28,6 +28,7 @@ from elasticd.accounting.exposition import expose
 from elasticd.accounting.tenant_metrics import AccountingCollector, SampleSource
 from elasticd.aiohttp_grace import grace
 from elasticd.config.model import Address, Resources
+from elasticd.listener_guard.accepting import GuardedAccept
 from elasticd.listener_guard.guard import ListenerGuard
 from elasticd.listeners import bind_tcp
 
@@ -67,26 +68,6 @@ class _BuildInfo(Collector):
         yield family
 
 
-class _GuardedSite(web.SockSite):
-    """aiohttp's SockSite, its server's protocol behind the listener guard (each connection judged before aiohttp
-    reads a byte of it). (aiohttp 3.8 to 3.14 start a SockSite this way: the runner's server as the protocol
-    factory of ``create_server`` on the site's socket.)"""
-
-    __slots__ = ("_guard",)
-
-    def __init__(self, runner: web.BaseRunner, sock: socket.socket, guard: ListenerGuard, **kwargs: Any) -> None:
-        super().__init__(runner, sock, **kwargs)
-        self._guard = guard
-
-    async def start(self) -> None:
-        await web.BaseSite.start(self)
-        server = self._runner.server
-        assert server is not None
-        factory = self._guard.protocol_factory("metrics", server)
-        self._server = await asyncio.get_running_loop().create_server(factory, sock=self._sock,
-                                                                      backlog=self._backlog)
-
-
 class MetricsServer:
     """GET /metrics on ``address`` (port 0: any free port, see ``.port`` after start()).
 
@@ -94,7 +75,8 @@ class MetricsServer:
     asked at every scrape. ``registry`` holds everything served.
     """
 
-    __slots__ = ("_executor", "_guard", "_routes", "_runner", "address", "extra_collectors", "port", "registry")
+    __slots__ = ("_accepts", "_executor", "_guard", "_routes", "_runner", "address", "extra_collectors", "port",
+                 "registry")
 
     def __init__(self, address: Address, sampler: SampleSource,
                  limits_provider: Callable[[], Mapping[str, Resources]],
@@ -103,6 +85,7 @@ class MetricsServer:
                  shown: Callable[[str, str], bool] | None = None, guard: ListenerGuard | None = None) -> None:
         self.address = address
         self._guard = guard  # None: every peer is served (tests of the page alone)
+        self._accepts: list[GuardedAccept] = []  # the guarded listeners' accept loops
         self._routes = list(routes)  # other pages on the same listener (the monitor's)
         self.port: int | None = None
         self.extra_collectors: list[Collector] = list(extra_collectors)
@@ -144,17 +127,24 @@ class MetricsServer:
         on_runner, on_site = grace(1.0)  # a scrape in progress at a stop is not worth waiting for
         self._runner = web.AppRunner(app, access_log=None, **on_runner)
         await self._runner.setup()
+        server = self._runner.server
+        assert server is not None
         for sock in sockets if sockets is not None else bind_tcp(self.address.host, self.address.port, 128):
-            if self._guard is not None:
-                await _GuardedSite(self._runner, sock, self._guard, **on_site).start()
+            if self._guard is not None:  # (accepted by the guard's loop: judged before aiohttp sees a byte)
+                accept = GuardedAccept(sock, self._guard, "metrics", server)
+                accept.start()
+                self._accepts.append(accept)
             else:
                 await web.SockSite(self._runner, sock, **on_site).start()
-        self.port = _bound_port(self._runner) or self.address.port
+        self.port = (self._accepts[0].port if self._accepts else _bound_port(self._runner)) or self.address.port
         log.info("metrics on http://%s/metrics", Address(self.address.host, self.port))
         if self._routes:
             log.info("monitor on http://%s/monitor", Address(self.address.host, self.port))
 
     async def stop(self) -> None:
+        for accept in self._accepts:  # (first: no new connection while the runner closes the open ones)
+            accept.close()
+        self._accepts = []
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

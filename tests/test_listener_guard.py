@@ -21,6 +21,7 @@ import pytest
 from harness import Daemon, browse, free_port
 
 from elasticd.config.isolation import BWRAP
+from elasticd.listener_guard.accepting import GuardedAccept
 from elasticd.listener_guard.guard import ListenerGuard
 from elasticd.listener_guard.sock_diag import SockDiag
 from elasticd.listener_guard.verdict import Peer
@@ -190,35 +191,39 @@ class _Diag:
         pass
 
 
+async def _guarded_echo(guard: ListenerGuard) -> tuple[GuardedAccept, int]:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"echo " + await reader.readline())
+        await writer.drain()
+        writer.close()
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    accept = GuardedAccept(sock, guard, "metrics", lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader(), echo))
+    accept.start()
+    return accept, accept.port
+
+
 @pytest.mark.parametrize(("answer", "served"), [
     (Peer(0, 5, 1, "established"), True),
     (Peer(1001, 5, 1, "established"), False),
     (Peer(0, 5, 777, "established"), False),
     (None, False),
 ])
-def test_the_gate_hands_a_served_connection_over_whole_and_refuses_the_others(answer, served):
+def test_a_served_connection_is_handed_over_whole_and_the_others_reset(answer, served):
     async def run() -> tuple[bytes, dict]:
         guard = ListenerGuard(lambda: {777: "t"}, lambda: {1001: "t"}, diag=_Diag(answer))  # type: ignore[arg-type]
-
-        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            writer.write(b"echo " + await reader.readline())
-            await writer.drain()
-            writer.close()
-
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(guard.protocol_factory(
-            "metrics", lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader(), echo)), "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
+        accept, port = await _guarded_echo(guard)
+        try:  # (reset so soon that the connect itself may fail)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"hello\n")
             await writer.drain()
             received = await asyncio.wait_for(reader.read(), 5)
+            writer.close()
         except ConnectionResetError:
             received = b"reset"
-        writer.close()
-        server.close()
-        await server.wait_closed()
+        accept.close()
         return received, guard.refusals
 
     received, refusals = asyncio.run(run())
@@ -231,21 +236,59 @@ def test_the_gate_hands_a_served_connection_over_whole_and_refuses_the_others(an
 def test_a_tenant_that_connects_and_sends_nothing_is_reset_at_once():
     async def run() -> tuple[bytes, float]:
         guard = ListenerGuard(dict, lambda: {1001: "t"}, diag=_Diag(Peer(1001, 5, 1, "established")))  # type: ignore[arg-type]
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(guard.protocol_factory("agent", asyncio.Protocol), "127.0.0.1", 0)
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
-        began = loop.time()
+        accept, port = await _guarded_echo(guard)
+        began = asyncio.get_running_loop().time()
         try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
             received = await asyncio.wait_for(reader.read(), 5)  # (nothing sent: the end comes without waiting)
+            writer.close()
         except ConnectionResetError:
             received = b"reset"
-        writer.close()
-        server.close()
-        await server.wait_closed()
-        return received, loop.time() - began
+        accept.close()
+        return received, asyncio.get_running_loop().time() - began
 
     received, took = asyncio.run(run())
     assert received in (b"reset", b"") and took < 1
+
+
+def test_past_its_budget_of_refusals_the_listener_rests_and_a_served_peer_still_gets_in():
+    async def run() -> tuple[int, bytes]:
+        diag = _Diag(Peer(1001, 5, 1, "established"))
+        guard = ListenerGuard(dict, lambda: {1001: "t"}, diag=diag)  # type: ignore[arg-type]
+
+        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"echo " + await reader.readline())
+            await writer.drain()
+            writer.close()
+
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        accept = GuardedAccept(sock, guard, "metrics",
+                               lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader(), echo),
+                               refusals_per_second=1.0, burst=20)  # (the daemon's: 500 a second, 1,000 at once)
+        accept.start()
+        flood = []
+        for _ in range(60):  # (within the backlog: every one is accepted as soon as the listener reads)
+            client = socket.socket()
+            client.setblocking(False)
+            client.connect_ex(("127.0.0.1", accept.port))
+            flood.append(client)
+        await asyncio.sleep(1.0)
+        refused = sum(guard.refusals.values())  # the burst, then about one a second: the rest wait in the backlog
+        diag.answer = Peer(0, 5, 1, "established")  # the operator's peer, behind the flood
+        reader, writer = await asyncio.open_connection("127.0.0.1", accept.port)
+        writer.write(b"hello\n")
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        for client in flood:
+            client.close()
+        accept.close()
+        return refused, answer
+
+    refused, answer = asyncio.run(run())
+    assert 20 <= refused <= 23, refused
+    assert answer == b"echo hello\n"
 
 
 def test_a_peer_at_another_hosts_address_is_served_without_a_lookup():

@@ -17,6 +17,7 @@ from typing import Final
 from elasticd.agent.line import MAX_HINT, app_line, host_line, parse_hint
 from elasticd.agent.rooms import AgentRooms
 from elasticd.config.model import Address
+from elasticd.listener_guard.accepting import GuardedAccept
 from elasticd.listener_guard.guard import ListenerGuard
 from elasticd.listeners import bind_tcp
 
@@ -29,12 +30,13 @@ _WRITE_WAIT: Final = 2.0  # seconds for the answer to go out (a peer that reads 
 
 
 class AgentListener:
-    __slots__ = ("_guard", "_server", "address", "port", "rooms", "stopping")
+    __slots__ = ("_accept", "_guard", "_server", "address", "port", "rooms", "stopping")
 
     def __init__(self, address: Address, rooms: AgentRooms, guard: ListenerGuard | None = None) -> None:
         self.address = address
         self.rooms = rooms
         self._guard = guard  # None: every peer is answered (tests of the protocol alone)
+        self._accept: GuardedAccept | None = None
         self._server: asyncio.AbstractServer | None = None
         self.port: int | None = None
         self.stopping = False  # elasticd is stopping (server.stop_drain): every answer is `drain`
@@ -42,18 +44,23 @@ class AgentListener:
     async def start(self, sockets: Sequence[socket.socket] | None = None) -> None:
         """Serve on ``sockets`` (the daemon's ``listeners.Listeners`` holds them), or on one bound here."""
         sock = (sockets or bind_tcp(self.address.host, self.address.port, 128))[0]
-        loop = asyncio.get_running_loop()
 
         def protocol() -> asyncio.BaseProtocol:  # (what asyncio.start_server makes for each connection)
             return asyncio.StreamReaderProtocol(asyncio.StreamReader(), self._check)
 
-        factory = self._guard.protocol_factory("agent", protocol) if self._guard else protocol
-        self._server = await loop.create_server(factory, sock=sock)
-        port: int = self._server.sockets[0].getsockname()[1]
-        self.port = port
-        log.info("HAProxy agent-check answered on %s", Address(self.address.host, port))
+        if self._guard is not None:  # (accepted by the guard's loop: judged before a byte is read)
+            self._accept = GuardedAccept(sock, self._guard, "agent", protocol)
+            self._accept.start()
+            self.port = self._accept.port
+        else:
+            self._server = await asyncio.get_running_loop().create_server(protocol, sock=sock)
+            self.port = int(self._server.sockets[0].getsockname()[1])
+        log.info("HAProxy agent-check answered on %s", Address(self.address.host, self.port))
 
     async def stop(self) -> None:
+        accept, self._accept = self._accept, None
+        if accept is not None:
+            accept.close()
         server, self._server = self._server, None
         if server is not None:
             server.close()

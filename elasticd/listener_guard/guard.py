@@ -1,22 +1,13 @@
 """The shell of the listener guard: each connection to ``metrics_listen`` or ``agent_listen`` is judged
-(``verdict.judge``) before any byte of it is read, refused ones closed, counted and logged.
-
-How it sits in asyncio: the listener's protocol factory is wrapped (``protocol_factory``). The first protocol a
-connection gets is a gate whose ``connection_made`` asks the kernel who the peer is; a refused connection is
-reset (no answer); a served one is handed to the real protocol with
-``transport.set_protocol`` before the transport reads anything (asyncio and uvloop call ``data_received`` on the
-protocol the transport holds at the time), so the real server sees a connection as if it had been its own from the
-start. A refused peer costs one kernel lookup and a reset: it never reaches aiohttp's parser, and no task, timer or
-buffer of elasticd's is left behind it.
-"""
+(``verdict.judge``) before any byte of it is read (``accepting.GuardedAccept`` asks, on the bare accepted socket),
+and a refusal is counted (``elasticd_listener_refusals_total``) and logged once a minute per tenant and reason."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Final, cast
+from typing import Final
 
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
@@ -94,48 +85,11 @@ class ListenerGuard:
         log.warning("%s refused a connection from %s at %s: %s; it answers no tenant's process%s",
                     _SETTINGS.get(listener, listener), verdict.who, peer[0], why, more)
 
-    def protocol_factory(self, listener: str,
-                         factory: Callable[[], asyncio.BaseProtocol]) -> Callable[[], asyncio.BaseProtocol]:
-        """``factory`` behind the gate: for ``loop.create_server``."""
-        return lambda: _Gate(self, listener, factory)
-
     def collector(self) -> Collector:
         return _RefusalsCollector(self.refusals)
 
     def close(self) -> None:
         self._diag.close()
-
-
-class _Gate(asyncio.Protocol):
-    __slots__ = ("_factory", "_guard", "_listener")
-
-    def __init__(self, guard: ListenerGuard, listener: str, factory: Callable[[], asyncio.BaseProtocol]) -> None:
-        self._guard = guard
-        self._listener = listener
-        self._factory = factory
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        peer = transport.get_extra_info("peername")
-        own = transport.get_extra_info("sockname")
-        if isinstance(peer, tuple) and isinstance(own, tuple):
-            verdict = self._guard.judge(self._listener, peer, own)
-        else:  # (not a TCP connection: nothing elasticd's TCP listeners get)
-            verdict = PeerVerdict(False, "lookup-failed")
-        if not verdict.served:
-            # Reset, not answered: an answer (a 403) would be lost anyway to the reset that closing a socket with
-            # the peer's request unread sends, unless the close waited for the peer: a timer and a socket held for
-            # every refused connection, which is what a flood wants of us.
-            cast(asyncio.Transport, transport).abort()  # (a TCP connection's; uvloop's is not a subclass of it)
-            return
-        inner = self._factory()
-        transport.set_protocol(inner)
-        inner.connection_made(transport)
-
-    def data_received(self, data: bytes) -> None:
-        pass  # (a refused connection's bytes, between the close and the end: dropped)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        pass
 
 
 class _RefusalsCollector(Collector):
