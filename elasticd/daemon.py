@@ -41,6 +41,7 @@ from elasticd.channel_auth import ChannelAuth
 from elasticd.config import Config, ConfigError, PoolSettings, Quotas, Resources, load_config
 from elasticd.config.changes import changed_tenants
 from elasticd.config.include import ParsedFiles
+from elasticd.config.model import Server
 from elasticd.config.notices import balancer_warnings, few, isolation_warnings, restart_only_changes
 from elasticd.control import DaemonControl, DaemonParts, ReloadResult
 from elasticd.crash.keeping import StateKeeping
@@ -67,6 +68,7 @@ from elasticd.pool.pool_metrics import PoolCollector
 from elasticd.probes.capacity_metrics import CapacityCollector
 from elasticd.probes.publish import RegistryPage, read_registry
 from elasticd.probes.wiring import CapacityWiring
+from elasticd.proxy_trust import ProxyTrust, TrustedProxies
 from elasticd.supervisor.lifecycle import GONE, WILL_SERVE, WorkerState
 from elasticd.supervisor.spawn import channel_path
 from elasticd.supervisor.supervisor import Supervisor
@@ -238,6 +240,11 @@ class Daemon:
     def _shown(self, tenant: str, app: str) -> bool:
         return self.activity.shown(tenant, app, time.monotonic())
 
+    def _proxy_trust(self, server: Server) -> ProxyTrust | None:
+        """Who the front lets state X-Forwarded-* and Forwarded (None: nobody, and nothing is asked per connection)."""
+        trusted = TrustedProxies.of(server.trusted_proxies, [uid for _, uid in server.trusted_proxy_users])
+        return ProxyTrust(trusted, self.guard) if trusted.anyone else None
+
     def _tenants_by_uid(self) -> dict[int, str]:
         config = self.config
         if self._uids is None or self._uids[0] is not config:  # (made again once per config, not per connection)
@@ -310,7 +317,8 @@ class Daemon:
         self.front.set_routes(RouteTable.from_config(config, self.front.routes))
         self.front.set_quotas(_quotas(config))
         self.front.configure(request_timeout=config.server.request_timeout, user_ttl=config.server.user_ttl,
-                             move_timeout=config.server.move_timeout)
+                             move_timeout=config.server.move_timeout, trusts=self._proxy_trust(config.server),
+                             keep_underscored=config.server.underscored_headers == "keep")
         self.pool.apply(config)
         if self.agent is not None:
             self.agent.rooms.apply(config)

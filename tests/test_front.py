@@ -253,10 +253,61 @@ def test_hop_by_hop_dropped_and_forwarded_for_set(workers: list[Upstream]) -> No
         assert dropped not in seen, dropped
     assert seen["host"] == "shop.localhost"
     assert seen["x-keep-me"] == "yes" and seen["cookie"] == "a=1"
-    assert seen["x-forwarded-for"] == "10.0.0.1, 127.0.0.1"
+    assert seen["x-forwarded-for"] == "127.0.0.1"  # the client's own claim dropped: it is trusted by nobody
     assert seen["x-forwarded-proto"] == "http"
     assert seen["x-forwarded-host"] == "shop.localhost"
     assert seen["x-elastic-user-id"] == user  # ours, never the client's
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_forwarding_headers_pass_from_a_trusted_peer_alone(workers: list[Upstream], trusted: bool) -> None:
+    """What a client says of where a request came from reaches the worker only from a peer the front trusts (the
+    daemon's ProxyTrust, asked once a connection with the connection's two addresses)."""
+    asked: list[tuple[str, str]] = []
+
+    def trusts(peer: tuple[str, int], own: tuple[str, int]) -> bool:
+        asked.append((peer[0], own[0]))
+        return trusted
+
+    async def scenario() -> tuple[dict[str, Any], str]:
+        async with front(workers) as f, client(f) as request:
+            f.configure(request_timeout=5.0, user_ttl=1800.0, trusts=trusts)
+            headers = {"X-Forwarded-For": "203.0.113.7", "X-Forwarded-Proto": "https",
+                       "X-Forwarded-Host": "shop.example.com", "X-Forwarded-Port": "443",
+                       "Forwarded": "for=203.0.113.7;proto=https", "X-Real-IP": "203.0.113.7"}
+            async with request("/echo", headers=headers) as resp:
+                return await resp.json(), resp.headers.get("Set-Cookie", "")
+
+    body, cookie = run(scenario())
+    seen = {name.lower(): value for name, value in body["headers"].items()}
+    assert asked == [("127.0.0.1", "127.0.0.1")]
+    if trusted:
+        assert seen["x-forwarded-for"] == "203.0.113.7, 127.0.0.1"
+        assert (seen["x-forwarded-proto"], seen["x-forwarded-host"]) == ("https", "shop.example.com")
+        assert (seen["x-forwarded-port"], seen["forwarded"]) == ("443", "for=203.0.113.7;proto=https")
+        assert "Secure" in cookie  # the user came over TLS, as the trusted proxy says
+    else:
+        assert seen["x-forwarded-for"] == "127.0.0.1"
+        assert (seen["x-forwarded-proto"], seen["x-forwarded-host"]) == ("http", "shop.localhost")
+        for said in ("x-forwarded-port", "forwarded", "x-real-ip"):
+            assert said not in seen, said
+        assert "Secure" not in cookie
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_underscored_request_headers_are_dropped_unless_kept(workers: list[Upstream], keep: bool) -> None:
+    async def scenario() -> dict[str, Any]:
+        async with front(workers) as f, client(f) as request:
+            f.configure(request_timeout=5.0, user_ttl=1800.0, keep_underscored=keep)
+            headers = {"Transfer_Encoding": "chunked", "Content_Length": "5", "X_Forwarded_For": "6.6.6.6",
+                       "X-Plain": "1", "X_Plain": "2"}
+            async with request("/echo", headers=headers) as resp:
+                return await resp.json()
+
+    seen = {name.lower(): value for name, value in run(scenario())["headers"].items()}
+    assert seen["x-plain"] == "1" and ("x_plain" in seen) == keep
+    for name in ("transfer_encoding", "content_length", "x_forwarded_for"):  # (kept or not: they read as the front's)
+        assert name not in seen, name
 
 
 def test_path_and_query_reach_the_worker_unchanged(workers: list[Upstream]) -> None:
@@ -493,3 +544,23 @@ def test_encoded_body_and_repeated_headers_pass_untouched(tmp_path: Path) -> Non
     body, cookies, length = run(scenario())
     assert (body, cookies[:2], length) == (packed, ["a=1", "b=2"], str(len(packed)))
     assert cookies[2].startswith("elastic_uid=")  # the new user's, after the worker's own
+
+
+@pytest.mark.parametrize("request_bytes", [
+    # HTTP/1.0 with Transfer-Encoding (RFC 9112 §6.1: the framing is faulty; close), kept alive by the client
+    b"POST /echo HTTP/1.0\r\nHost: shop.localhost\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"5\r\nhello\r\n0\r\n\r\n",
+    # a last coding other than chunked (§6.3: the body's length cannot be known)
+    b"POST /echo HTTP/1.1\r\nHost: shop.localhost\r\nTransfer-Encoding: chunked, gzip\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+])
+def test_a_request_whose_framing_cannot_be_trusted_is_refused_and_nothing_after_it_is_served(
+        workers: list[Upstream], request_bytes: bytes) -> None:
+    smuggled = b"GET /echo HTTP/1.1\r\nHost: shop.localhost\r\n\r\n"
+
+    async def scenario() -> bytes:
+        async with front(workers) as f:
+            return await raw(f, request_bytes + smuggled)
+
+    answer = run(scenario())
+    assert answer.startswith(b"HTTP/1.1 400 ") and answer.count(b"HTTP/1.1 ") == 1, answer
+    assert b"Connection: close\r\n" in answer

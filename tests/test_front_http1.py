@@ -25,7 +25,7 @@ def test_request_drops_hop_by_hop_and_our_own_headers() -> None:
     sent = b"".join(upstream_head(b"POST", b"/a?b=%20c", head, b"127.0.0.1", USER))
     assert sent == (
         b"POST /a?b=%20c HTTP/1.1\r\nHost: shop.localhost:8080\r\nCookie: a=1\r\nCookie: b=2\r\n"
-        b"Content-Length: 12\r\nX-Forwarded-For: 10.0.0.1, 127.0.0.1\r\nX-Forwarded-Proto: http\r\n"
+        b"Content-Length: 12\r\nX-Forwarded-For: 127.0.0.1\r\nX-Forwarded-Proto: http\r\n"
         b"X-Forwarded-Host: shop.localhost:8080\r\nX-Elastic-User-Id: " + USER + b"\r\n\r\n")
     assert (head.expect, head.keep_alive, head.cookie, head.has_body) == (True, True, b"a=1; b=2", True)
 
@@ -38,10 +38,45 @@ def test_request_drops_hop_by_hop_and_our_own_headers() -> None:
     ([(b"X-Forwarded-Proto", b"https"), (b"X-Forwarded-Host", b"shop.example")], b"::1",
      b"X-Forwarded-Proto: https\r\nX-Forwarded-Host: shop.example\r\nX-Forwarded-For: ::1\r\n"),
 ])
-def test_forwarded_headers(incoming: list[tuple[bytes, bytes]], peer: bytes | None, expected: bytes) -> None:
-    head = read_request([(b"Host", b"h"), *incoming], http11=True, upgrade=False)
+def test_forwarded_headers_from_a_trusted_proxy(incoming: list[tuple[bytes, bytes]], peer: bytes | None,
+                                                expected: bytes) -> None:
+    head = read_request([(b"Host", b"h"), *incoming], http11=True, upgrade=False, trusted=True)
     sent = b"".join(upstream_head(b"GET", b"/", head, peer, USER))
     assert sent == b"GET / HTTP/1.1\r\nHost: h\r\n" + expected + b"X-Elastic-User-Id: " + USER + b"\r\n\r\n"
+
+
+SAID_BY_A_CLIENT = [(b"X-Forwarded-For", b"6.6.6.6"), (b"x-forwarded-proto", b"https"), (b"X-Forwarded-Host", b"evil"),
+                    (b"X-Forwarded-Port", b"443"), (b"X-Forwarded-Prefix", b"/admin"), (b"Forwarded", b"for=6.6.6.6"),
+                    (b"X-Real-IP", b"6.6.6.6")]
+
+
+@pytest.mark.parametrize(("trusted", "expected"), [
+    # anyone else: every claim dropped, the front's own said
+    (False, b"X-Forwarded-For: 10.1.2.3\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Host: h\r\n"),
+    # a trusted proxy: passed on as it said them, its address added to the chain
+    (True, b"X-Forwarded-Proto: https\r\nX-Forwarded-Host: evil\r\nX-Forwarded-Port: 443\r\n"
+           b"X-Forwarded-Prefix: /admin\r\nForwarded: for=6.6.6.6\r\nX-Real-IP: 6.6.6.6\r\n"
+           b"X-Forwarded-For: 6.6.6.6, 10.1.2.3\r\n"),
+])
+def test_what_a_peer_says_of_where_a_request_came_from_passes_only_from_a_trusted_one(trusted: bool,
+                                                                                      expected: bytes) -> None:
+    head = read_request([(b"Host", b"h"), *SAID_BY_A_CLIENT], http11=True, upgrade=False, trusted=trusted)
+    sent = b"".join(upstream_head(b"GET", b"/", head, b"10.1.2.3", USER))
+    assert sent.replace(b"x-forwarded-proto", b"X-Forwarded-Proto") == (
+        b"GET / HTTP/1.1\r\nHost: h\r\n" + expected + b"X-Elastic-User-Id: " + USER + b"\r\n\r\n")
+    assert head.secure is trusted
+
+
+@pytest.mark.parametrize(("keep", "passed"), [(False, [b"X-Plain"]), (True, [b"X_Plain", b"X-Plain"])])
+def test_underscored_names_are_dropped_unless_kept(keep: bool, passed: list[bytes]) -> None:
+    """CGI-style readers (HTTP_TRANSFER_ENCODING) see "Transfer_Encoding" as the real one: nginx's default too. Kept,
+    a name that reads as one the front frames by or says itself is still dropped."""
+    head = read_request([(b"Transfer_Encoding", b"chunked"), (b"Content_Length", b"5"), (b"X_Plain", b"2"),
+                         (b"X-Plain", b"1"), (b"x_forwarded_for", b"6.6.6.6"), (b"X_Elastic_User_Id", b"forged"),
+                         (b"Forwarded", b"for=x"), (b"X_Forwarded_Proto", b"https")], True, False,
+                        keep_underscored=keep)
+    assert head.lines[::4] == passed
+    assert head.chunked is None and head.length is None and head.forwarded_for is None
 
 
 @pytest.mark.parametrize(("headers", "http11", "keep_alive"), [
@@ -65,10 +100,13 @@ def test_request_keep_alive(headers: list[tuple[bytes, bytes]], http11: bool, ke
     # chunked bodies stay chunked (re-framed by us), other codings said as they were
     ([(b"Transfer-Encoding", b"chunked")], False, b"Transfer-Encoding: chunked\r\n"),
     ([(b"Transfer-Encoding", b"gzip, chunked")], False, b"Transfer-Encoding: gzip, chunked\r\n"),
+    # on two lines, one list (RFC 9110 §5.3): the gzip coding is not lost
+    ([(b"Transfer-Encoding", b"gzip"), (b"Transfer-Encoding", b"chunked")], False,
+     b"Transfer-Encoding: gzip, chunked\r\n"),
 ])
 def test_upgrade_and_chunked_requests(headers: list[tuple[bytes, bytes]], upgrade: bool, expected: bytes) -> None:
     head = read_request([(b"Host", b"h"), (b"X-Forwarded-Proto", b"http"), (b"X-Forwarded-Host", b"h"), *headers],
-                        http11=True, upgrade=upgrade)
+                        http11=True, upgrade=upgrade, trusted=True)
     sent = b"".join(upstream_head(b"GET", b"/", head, None, USER))
     assert sent.endswith(b"X-Elastic-User-Id: " + USER + b"\r\n" + expected + b"\r\n")
 
@@ -79,7 +117,8 @@ def test_upgrade_and_chunked_requests(headers: list[tuple[bytes, bytes]], upgrad
 ])
 def test_secure_per_forwarded_proto(proto: bytes | None, secure: bool) -> None:
     headers = [(b"X-Forwarded-Proto", proto)] if proto is not None else []
-    assert read_request(headers, True, False).secure is secure
+    assert read_request(headers, True, False, trusted=True).secure is secure
+    assert read_request(headers, True, False).secure is False  # a client's own word is not taken
 
 
 def test_connection_naming_the_cookie_drops_it() -> None:
@@ -296,6 +335,14 @@ def _head(*headers: tuple[bytes, bytes], http11: bool = True) -> http1.RequestHe
     ([(b"Host", b"a.test")], b"CONNECT", b"a.test:443", True, None, (501, b"a.test:443", b"a.test")),
     ([(b"Host", b"a.test")], b"OPTIONS", b"*", True, None, (0, b"*", b"a.test")),  # OPTIONS *
     ([(b"Host", b"a.test")], b"GET", b"*", True, None, (400, b"*", b"a.test")),
+    # Transfer-Encoding: in HTTP/1.0 the framing is faulty (RFC 9112 §6.1); chunked must be the last coding (§6.3)
+    ([(b"Host", b"a.test"), (b"Transfer-Encoding", b"chunked")], b"POST", b"/", False, "1.0", (400, b"/", b"a.test")),
+    ([(b"Host", b"a.test"), (b"Transfer-Encoding", b"chunked")], b"POST", b"/", True, None, (0, b"/", b"a.test")),
+    ([(b"Host", b"a.test"), (b"Transfer-Encoding", b"gzip"), (b"Transfer-Encoding", b"chunked")], b"POST", b"/", True,
+     None, (0, b"/", b"a.test")),
+    ([(b"Host", b"a.test"), (b"Transfer-Encoding", b"chunked, gzip")], b"POST", b"/", True, None,
+     (400, b"/", b"a.test")),
+    ([(b"Host", b"a.test"), (b"Transfer-Encoding", b"gzip")], b"POST", b"/", True, None, (400, b"/", b"a.test")),
 ])
 def test_head_refusal(headers, method, url, http11, version, expected):
     head = _head(*headers, http11=http11)

@@ -263,9 +263,12 @@ def test_a_login_asks_the_pool_where_the_user_lives(tmp_path: Path) -> None:
     assert [key for key, _ in asked] == [("acme", "shop", "green")]  # asked at the login, not at the logout
 
 
-def test_secure_cookie_when_the_request_came_over_tls(workers: list[Upstream]) -> None:
+@pytest.mark.parametrize("trusted", [True, False])
+def test_secure_cookie_when_a_trusted_proxy_says_the_request_came_over_tls(workers: list[Upstream],
+                                                                           trusted: bool) -> None:
     async def scenario() -> list[str]:
         async with front(workers) as f, client(f) as request:
+            f.configure(request_timeout=5.0, user_ttl=1800.0, trusts=lambda peer, own: trusted)
             cookies = []
             for proto in ("https", "http"):
                 async with request("/", headers={"X-Forwarded-Proto": proto}) as resp:
@@ -273,7 +276,7 @@ def test_secure_cookie_when_the_request_came_over_tls(workers: list[Upstream]) -
             return cookies
 
     secure, plain = run(scenario())
-    assert secure.endswith("; Path=/; HttpOnly; SameSite=Lax; Secure")
+    assert secure.endswith("; Path=/; HttpOnly; SameSite=Lax" + ("; Secure" if trusted else ""))
     assert plain.endswith("; Path=/; HttpOnly; SameSite=Lax")
 
 

@@ -10,7 +10,7 @@ import struct
 import pytest
 
 from elasticd.listener_guard.sock_diag import INET_DIAG_CGROUP_ID, SockDiagError, parse_answer, request
-from elasticd.listener_guard.verdict import SERVED, Peer, PeerVerdict, is_local, judge, tenants_by_uid
+from elasticd.listener_guard.verdict import Peer, PeerVerdict, is_local, judge, tenants_by_uid
 
 CGROUPS = {501: "acme", 502: "acme", 601: "globex"}
 UIDS = {1001: "acme", 1002: "globex"}
@@ -30,9 +30,9 @@ def _peer(uid: int = 0, cgroup: int | None = 1, state: str = "established", inod
     (_peer(uid=1002, cgroup=1), False, PeerVerdict(False, "tenant-user", "globex", 1002)),  # its user, outside
     (_peer(uid=1002, cgroup=None), False, PeerVerdict(False, "tenant-user", "globex", 1002)),  # a kernel before 5.7
     (_peer(uid=1002, cgroup=501), False, PeerVerdict(False, "tenant-cgroup", "acme", 1002)),  # the cgroup says whose
-    (_peer(uid=0, cgroup=1), False, SERVED),  # root's Prometheus
-    (_peer(uid=115, cgroup=9999), False, SERVED),  # the prometheus user, in its own unit
-    (_peer(uid=115, state="fin-wait-2"), False, SERVED),  # half-closed after its request: still reads
+    (_peer(uid=0, cgroup=1), False, PeerVerdict(True, uid=0)),  # root's Prometheus
+    (_peer(uid=115, cgroup=9999), False, PeerVerdict(True, uid=115)),  # the prometheus user, in its own unit
+    (_peer(uid=115, state="fin-wait-2"), False, PeerVerdict(True, uid=115)),  # half-closed: still reads
 ])
 def test_the_verdict_table(peer, failed, expected):
     assert judge(peer, failed, CGROUPS, UIDS) == expected

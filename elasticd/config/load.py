@@ -22,6 +22,13 @@ from ruamel.yaml.error import MarkedYAMLError
 
 from elasticd.config.capacity import capacity_block, nodes_list, registry_section
 from elasticd.config.checks import check_document
+from elasticd.config.forwarding import (
+    FORWARDING_KEYS,
+    check_trusted_users,
+    trusted_proxies,
+    trusted_proxy_users,
+    underscored_headers,
+)
 from elasticd.config.include import (
     Included,
     ParsedFiles,
@@ -83,7 +90,7 @@ _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SERVER_KEYS = ("listen", "metrics_listen", "admin_socket", "admin_group", "runtime_dir", "cgroups",
                 "sample_interval", "occupancy_interval", "request_timeout", "stop_timeout", "user_ttl",
                 "hung_after", "move_timeout", "monitor", "registry", "agent_listen", "stop_drain", "tmp_dir",
-                "tenant_config_dir", "state_dir", "metrics")
+                "tenant_config_dir", "state_dir", "metrics", *FORWARDING_KEYS)
 _TENANT_KEYS = ("user", "group", "resources", "quotas", "apps", "isolation")
 _RESOURCE_KEYS = ("cpu", "memory", "swap", "pids", "io_weight", "io_bandwidth")
 _QUOTA_KEYS = ("max_concurrent_requests", "requests_per_second", "burst")
@@ -121,6 +128,10 @@ def _server(walk: Walk, node: Any, line: int | None) -> Server:
         tenant_config_dir=walk.value(m, "tenant_config_dir", "server", _path, None),
         state_dir=walk.value(m, "state_dir", "server", absolute_path, d.state_dir),
         metrics=_metrics(walk, m),
+        trusted_proxies=trusted_proxies(walk, m),
+        trusted_proxy_users=trusted_proxy_users(walk, m),
+        underscored_headers=walk.value(m, "underscored_headers", "server", underscored_headers,
+                                       d.underscored_headers),
         listen=walk.value(m, "listen", "server", address, d.listen),
         metrics_listen=walk.value(m, "metrics_listen", "server", address, d.metrics_listen),
         admin_socket=walk.value(m, "admin_socket", "server", absolute_path, d.admin_socket),
@@ -638,6 +649,7 @@ def _assemble(text: str, source: str, cache: ParsedFiles | None, *, lines: bool,
     for included in taken:
         if (why := owned_by_tenant(included, tenant_uids)) is not None:
             walk.error("include", walk.key_line(top, "include"), f"{included.path} {why}")
+    check_trusted_users(walk, server.trusted_proxy_users, tenants, top)
     if not walk.issues:
         check_document(walk, server, tenants, {"tenants": nodes} if lines else _NoLines(), unchanged)
     if walk.issues:

@@ -86,6 +86,11 @@ class Server:
     # elasticd's own files that outlive a reboot: the backups and lock files of the tenant files it edits.
     state_dir: str = "/var/lib/elasticd"
     metrics: MetricsSettings = MetricsSettings()
+    # Who may state where a request came from (X-Forwarded-*, Forwarded): proxies on other hosts by network (CIDR,
+    # normalised), a proxy on this host by its user ((name, uid)); nobody by default (config/forwarding.py).
+    trusted_proxies: tuple[str, ...] = ()
+    trusted_proxy_users: tuple[tuple[str, int], ...] = ()
+    underscored_headers: str = "drop"  # request header names with "_": drop (as nginx) or keep
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,9 +71,17 @@ class ClientConn(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
+        front = self.front
         if isinstance(peer, tuple) and peer:
             self.peer = str(peer[0]).encode()
-        self.front.conns.add(self)
+            trusts = front.trusts
+            if trusts is not None:  # (decided once a connection: a proxy keeps its connections to the front)
+                own = transport.get_extra_info("sockname")
+                if isinstance(own, tuple) and trusts(peer, own):
+                    self.relay.reader.trust(True)
+        if front.keep_underscored:
+            self.relay.reader.keep_underscored = True
+        front.conns.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.front.conns.discard(self)

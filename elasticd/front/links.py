@@ -60,10 +60,14 @@ class FrontSide(Protocol):
     closing: bool
     conns: set[Any]
     forwards: ForwardCounters
+    keep_underscored: bool
     max_header_bytes: int
     request_timeout: float
     stopping: bool
     surface: Surface
+    # Whether a connection's peer is a proxy trusted with X-Forwarded-* and Forwarded, from its address and the
+    # address it connected to (None: nobody is; the daemon's ``ProxyTrust``).
+    trusts: Callable[[tuple[str, int], tuple[str, int]], bool] | None
 
     def dispatch(self, client: Any, ex: Exchange) -> None: ...
 

@@ -85,6 +85,7 @@ class Front:
         "conns",
         "forwards",
         "full",
+        "keep_underscored",
         "keepalive_timeout",
         "kept",
         "max_header_bytes",
@@ -102,6 +103,7 @@ class Front:
         "stale_after",
         "stopping",
         "surface",
+        "trusts",
         "tunnel_timeout",
         "unroutable",
         "wake",
@@ -121,6 +123,11 @@ class Front:
         self.tunnel_timeout = tunnel_timeout  # an idle upgraded (WebSocket) connection
         self.max_header_bytes = max_header_bytes  # request line + headers; over it: 431
         self.move_timeout = move_timeout  # a live move's hard deadline: no request is parked (much) longer
+        # Forwarding headers: who may state them (None: nobody; ``client.ClientConn`` asks at each connection), and
+        # whether request header names with "_" pass (server.trusted_proxies, trusted_proxy_users,
+        # underscored_headers; see core/http1.py).
+        self.trusts: Callable[[tuple[str, int], tuple[str, int]], bool] | None = None
+        self.keep_underscored = False
         # Requests that wait in the front: of users being moved, for a group at zero, for room (core/parking.py).
         self.parked: ParkingLot[ClientConn] = ParkingLot()
         self.queue = FrontQueue(self)  # the group queues' bounds, hand-overs and timeouts
@@ -186,7 +193,12 @@ class Front:
         self._targets.clear()
         self.forwards.retain_tenants(set(quotas))
 
-    def configure(self, *, request_timeout: float, user_ttl: float, move_timeout: float = 10.0) -> None:
+    def configure(self, *, request_timeout: float, user_ttl: float, move_timeout: float = 10.0,
+                  trusts: Callable[[tuple[str, int], tuple[str, int]], bool] | None = None,
+                  keep_underscored: bool = False) -> None:
+        """The reloadable settings (a connection made already keeps the trust it was given)."""
+        self.trusts = trusts
+        self.keep_underscored = keep_underscored
         self.move_timeout = move_timeout
         self.request_timeout = request_timeout
         self.stale_after = request_timeout + STALE_MARGIN

@@ -50,18 +50,29 @@ class ListenerGuard:
     def judge(self, listener: str, peer: tuple[str, int], own: tuple[str, int]) -> PeerVerdict:
         """The verdict on a connection from ``peer`` to ``own`` (the accepted socket's addresses), counted and logged
         when refused."""
-        if not is_local(peer[0], own[0], self._known_addresses()):
+        if not self.local(peer, own):
             return SERVED
+        verdict, failed = self._identify(peer, own)
+        if not verdict.served:
+            self._refused(listener, verdict, peer, failed)
+        return verdict
+
+    def local(self, peer: tuple[str, int], own: tuple[str, int]) -> bool:
+        """Whether ``peer`` is at one of this host's addresses (where every tenant's process is too)."""
+        return is_local(peer[0], own[0], self._known_addresses())
+
+    def identify(self, peer: tuple[str, int], own: tuple[str, int]) -> PeerVerdict:
+        """Whose a local peer is, as ``judge`` says it, neither counted nor logged (the front's proxy trust asks)."""
+        return self._identify(peer, own)[0]
+
+    def _identify(self, peer: tuple[str, int], own: tuple[str, int]) -> tuple[PeerVerdict, Exception | None]:
         found = None
         failed = None
         try:
             found = self._diag.peer(peer[:2], own[:2])
         except (SockDiagError, ValueError) as exc:
             failed = exc
-        verdict = judge(found, failed is not None, self._tenants_by_cgroup(), self._tenants_by_uid())
-        if not verdict.served:
-            self._refused(listener, verdict, peer, failed)
-        return verdict
+        return judge(found, failed is not None, self._tenants_by_cgroup(), self._tenants_by_uid()), failed
 
     def _known_addresses(self) -> set[str]:
         now = self._clock()

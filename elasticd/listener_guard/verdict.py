@@ -100,7 +100,7 @@ def judge(peer: Peer | None, lookup_failed: bool, tenants_by_cgroup: Mapping[int
     tenant = tenants_by_uid.get(peer.uid)
     if tenant is not None:
         return PeerVerdict(False, "tenant-user", tenant, peer.uid)
-    return SERVED
+    return PeerVerdict(True, uid=peer.uid)  # (the uid: whether it is a trusted proxy's is the front's question)
 
 
 def tenants_by_uid(users: Iterable[tuple[str, int]]) -> dict[int, str]:

@@ -1,0 +1,235 @@
+"""The reading half of a client connection's relay (pure, no I/O): bytes the client sent → the requests queued, each
+an ``Exchange`` with its head read and its body as it comes; what the parser refuses answered in its turn; the raw
+bytes after an upgrade request's head; a method the parser does not know read by the front (``methods.py``).
+``connection.ClientRelay`` is the whole relay: it serves what this reads.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Final
+
+import httptools
+
+from elasticd.front.core import http1, methods
+from elasticd.front.core.exchange import NO_HEAD, Exchange, Link
+from elasticd.front.core.relay import PHASE_DONE, PHASE_FORWARDING, PHASE_QUEUED, RelayError
+
+__all__ = ["CLOSE", "CROWDED", "DISPATCH", "FAIL", "MAX_PENDING", "MAX_QUEUE", "SERVE", "TO_WORKER", "RequestReading"]
+
+MAX_QUEUE: Final = 16  # pipelined requests read ahead of the one being served
+MAX_PENDING: Final = 256 << 10  # request body bytes buffered before reading from the client pauses
+
+# ``receive``'s effects (a bitmask; 0: nothing to do).
+SERVE: Final = 1  # the first request can move: dispatch it (``next_request``) or send its body on (``body_bytes``)
+CROWDED: Final = 2  # the queue or the buffered body is over its bound: once served, ask ``pause_if_crowded``
+TO_WORKER: Final = 4  # the bytes were raw (after an upgrade): write them, as they are, to ``link``
+FAIL: Final = 8  # the request under way broke inside its body: close ``link``, answer ``failure`` in its turn
+CLOSE: Final = 16  # close the client connection at once (a request broke mid-answer: its entry ends as it is lost)
+DISPATCH: Final = 32  # alone: the one request queued waits to be dispatched (``queue[0]``); nothing else to do
+
+# httptools >= 0.2 (llhttp) refuses versions other than 1.0 and 1.1 itself; 0.1.x (http-parser, Debian bookworm's)
+# reads "HTTP/1.2" as a keep-alive 1.x, so there every request's version is asked and checked.
+_PARSER_CHECKS_VERSION: Final = tuple(int(part) for part in httptools.__version__.split(".")[:2]) >= (0, 2)
+
+
+class RequestReading:
+    """A client connection's requests as they are read, for ``ClientRelay`` to serve."""
+
+    __slots__ = ("closing", "completed", "cur", "draining", "failure", "head_bytes", "link", "max_header_bytes",
+                 "method", "on_header", "parser", "pending", "queue", "reader", "started", "tunnel", "unparsed",
+                 "upgrading")
+
+    def __init__(self, max_header_bytes: int) -> None:
+        self.max_header_bytes = max_header_bytes
+        self.reader = http1.RequestReader()
+        self.on_header = self.reader.header  # the parser calls the pure reader directly: one call per header
+        self.parser = httptools.HttpRequestParser(self)
+        self.queue: deque[Exchange] = deque()
+        self.cur: Exchange | None = None  # the request being parsed
+        self.head_bytes = 0  # bytes of the current head read so far
+        self.pending = 0  # request body bytes read and not yet handed out for a worker
+        self.draining = False  # answered and closing: what the client still sends is dropped
+        self.closing = False  # the front's last answers (a drained stop): each says Connection: close, then closes
+        self.upgrading: Exchange | None = None  # an upgrade request: what follows its head is raw
+        self.tunnel: Link | None = None  # the worker's connection once the upgrade went through
+        self.link: Link | None = None  # with TO_WORKER or FAIL: the worker connection meant
+        self.failure: tuple[Exchange, int, str] | None = None  # with FAIL: the request and its answer
+        # A method the parser does not know (core/methods.py): the requests read whole (where the next one begins),
+        # the method of the one being read in its place, the bytes of one whose method is not whole yet, and the
+        # first bytes of a head that began a read and is not whole yet (its method may be a known one's prefix).
+        self.completed = 0
+        self.method: bytes | None = None
+        self.unparsed = b""
+        self.started: bytes | None = None
+
+    def receive(self, data: bytes) -> int:
+        """Bytes the client sent. Returns the effects (0, DISPATCH, or SERVE | CROWDED | TO_WORKER | FAIL | CLOSE)."""
+        if self.draining:
+            return 0
+        if self.upgrading is not None or self.tunnel is not None:
+            return self._raw(data)
+        if self.unparsed:
+            return self._unknown_method(self.unparsed + data)
+        between, completed = self.cur is None, self.completed
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserInvalidMethodError:
+            if self.completed == completed:
+                if between:  # the request began at data's first byte
+                    return self._unknown_method(data)
+                if self.started is not None:  # ... or at the first byte of the reads kept
+                    return self._unknown_method(self.started + data)
+            return self._parse_error(501, "a request method the front does not know, behind another in one read")
+        except httptools.HttpParserUpgrade as exc:
+            effects = self._after_upgrade_head(data[exc.args[0]:])
+            if effects:
+                return effects
+        except httptools.HttpParserError as exc:
+            if isinstance(exc.__context__, RelayError):  # httptools wraps what a callback raised: ours, a bug
+                raise exc.__context__ from None
+            # Over the head's limit only while in a head: a malformed chunk-size line in a body is a 400.
+            cur = self.cur
+            limit = self.max_header_bytes
+            if cur is not None and cur.head is NO_HEAD and self.head_bytes + len(data) > limit:
+                return self._parse_error(*http1.oversize_status(len(cur.url), self.reader.size, limit))
+            return self._parse_error(400, f"bad request: {exc}")
+        cur = self.cur
+        if cur is not None and cur.head is NO_HEAD:
+            before = self.started
+            if self.completed == completed and (between or before is not None):
+                started = data if between or before is None else before + data
+                self.started = started if len(started) <= methods.MAX_METHOD else None
+            self.head_bytes += len(data)
+            limit = self.max_header_bytes
+            if self.head_bytes > limit:
+                return self._parse_error(*http1.oversize_status(len(cur.url), self.reader.size, limit))
+        queue = self.queue
+        if not queue:
+            return 0
+        if len(queue) > MAX_QUEUE or self.pending > MAX_PENDING:
+            return SERVE | CROWDED
+        if len(queue) == 1 and queue[0].phase is PHASE_QUEUED:
+            return DISPATCH  # the common case, said so that the shell need not ask next_request
+        return SERVE
+
+    def _unknown_method(self, data: bytes) -> int:
+        """``data`` begins with a request whose method the parser does not know: read again by a fresh parser with
+        a method it knows in its place (core/methods.py says why that reads the same request)."""
+        status, method, end, why = methods.read_method(data)
+        if status == methods.MORE:
+            self.unparsed = data  # (under MAX_METHOD bytes: read_method answers 501 past it)
+            return 0
+        self.unparsed = b""
+        if status:
+            return self._parse_error(status, why)
+        self.parser = httptools.HttpRequestParser(self)  # (the other stays in its error state)
+        self.cur = None
+        self.method = method
+        return self.receive(methods.PLACEHOLDER + data[end:])
+
+    def _after_upgrade_head(self, tail: bytes) -> int:
+        """The parser stopped after a head it will not read past: an upgrade request (what follows is the new
+        protocol), or a CONNECT (refused in its turn; what follows is not HTTP, and is dropped)."""
+        ex = self.queue[-1] if self.queue else None
+        if ex is not None and ex.head.upgrade is not None:
+            self.upgrading = ex
+            if tail:
+                ex.body.append(tail)
+                self.pending += len(tail)
+            return 0
+        if ex is not None and ex.phase is PHASE_QUEUED:
+            self.draining = True
+            if ex.error is None:
+                ex.error = ((501, "CONNECT is not supported") if ex.method == b"CONNECT"
+                            else (400, "malformed request"))
+            return 0
+        return self._parse_error(400, "malformed request")
+
+    def _raw(self, data: bytes) -> int:
+        """Bytes after an upgrade request's head: relayed as they are, or kept until its connection is up."""
+        if self.tunnel is not None:
+            self.link = self.tunnel
+            return TO_WORKER
+        ex = self.upgrading
+        assert ex is not None
+        if ex.conn is not None and ex.conn.transport is not None:
+            self.link = ex.conn
+            return TO_WORKER
+        if ex.phase is not PHASE_DONE:
+            ex.body.append(data)
+            self.pending += len(data)
+        return 0
+
+    # ------------------------------------------------------------------ httptools callbacks
+
+    def on_message_begin(self) -> None:
+        self.cur = Exchange()  # the reader is ready: its finish() readied it for this head
+        self.reader.between = False  # headers again, not the last body's trailer
+        self.head_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        cur = self.cur
+        assert cur is not None
+        cur.url += url
+
+    def on_headers_complete(self) -> None:
+        cur = self.cur
+        assert cur is not None
+        parser = self.parser
+        cur.method = parser.get_method()
+        if self.method is not None:  # (read with methods.PLACEHOLDER in its place)
+            cur.method, self.method = self.method, None
+        self.started = None
+        reader = self.reader
+        tokens, size = reader.tokens, reader.size  # before finish(), which readies the reader for the next head
+        # is_http11's common case inlined: keep-alive without a Connection header is HTTP/1.1.
+        cur.http11 = http11 = (tokens is None and parser.should_keep_alive()) or http1.is_http11(parser, tokens)
+        cur.head = reader.finish(http11, parser.should_upgrade())
+        if self.closing:
+            cur.head.keep_alive = False
+        limit = self.max_header_bytes
+        if size + len(cur.url) > limit:
+            cur.error = http1.oversize_status(len(cur.url), size, limit)
+        elif (not http11 or cur.head.host is None or cur.url[:1] != b"/" or cur.head.chunked is not None
+              or not _PARSER_CHECKS_VERSION):
+            # Anything but the common HTTP/1.1, Host and origin-form request without Transfer-Encoding goes through
+            # RFC 9112's checks.
+            version = None if http11 and _PARSER_CHECKS_VERSION else parser.get_http_version()
+            status, why, cur.url = http1.head_refusal(cur.head, cur.method, cur.url, http11, version)
+            if status:
+                cur.error = (status, why)
+        self.queue.append(cur)
+
+    def on_body(self, body: bytes) -> None:
+        cur = self.cur
+        if cur is not None and cur.phase is not PHASE_DONE:
+            cur.body.append(body)
+            self.pending += len(body)
+
+    def on_message_complete(self) -> None:
+        self.completed += 1
+        cur = self.cur
+        if cur is not None:
+            cur.body_done = True
+            self.cur = None
+
+    def _parse_error(self, status: int, text: str) -> int:
+        """The parser gave up: what it could not read is answered in its turn, then the connection closes."""
+        self.draining = True  # nothing after the error can be framed: what still comes is dropped
+        ex = self.cur if self.cur is not None else Exchange()
+        self.cur = None
+        if ex.head is NO_HEAD:
+            ex.head = http1.RequestHead()
+        ex.head.keep_alive = False
+        if ex.in_flight and ex in self.queue:  # broken inside the body of the request under way
+            ex.body_done = True
+            if ex.phase is PHASE_FORWARDING:
+                self.link, ex.conn = ex.conn, None
+                self.failure = (ex, status, text)
+                return FAIL
+            return CLOSE  # mid-answer: cut (its entry is closed as the connection is lost)
+        ex.error = (status, text)
+        if ex not in self.queue:
+            self.queue.append(ex)
+        return SERVE
