@@ -56,12 +56,13 @@ class RequestHead:
     """A client's request head, read. ``lines``: the end-to-end header lines as pieces to join."""
 
     __slots__ = ("chunked", "cookie", "expect", "forwarded_for", "forwarded_host", "host", "hosts", "keep_alive",
-                 "length", "lines", "proto", "upgrade")
+                 "length", "lines", "malformed", "proto", "upgrade")
 
     def __init__(self) -> None:
         self.lines: list[bytes] = []
         self.host: bytes | None = None
         self.hosts = 0  # Host lines sent: two make the request ambiguous (RFC 9112 §3.2), and host None
+        self.malformed: str | None = None  # what makes it no request a parser should have passed (head_refusal: 400)
         self.cookie: bytes | None = None
         self.forwarded_for: bytes | None = None
         self.forwarded_host: bytes | None = None
@@ -118,6 +119,9 @@ class RequestReader:
         lower = name.lower()
         kind = self.kinds.get(lower)
         if kind is None:
+            if name.endswith(b" ") or name.endswith(b"\t"):  # (Debian's http-parser passes "X-A : 1" as "X-A ")
+                head.malformed = "whitespace between a field name and its colon (RFC 9112 §5.1)"
+                return
             # A name with "_" reads, CGI-style (HTTP_TRANSFER_ENCODING), as the one with "-": an app reading
             # headers so could not tell "Transfer_Encoding" from the real one, nor "X_Forwarded_For" from the
             # front's. Dropped as nginx does (underscores_in_headers off), unless server.underscored_headers: keep.
@@ -170,6 +174,8 @@ class RequestReader:
         head = self.head
         if not upgrade:
             head.upgrade = None
+        if head.malformed is not None:
+            head.host = None  # (not the common request: head_refusal reads it, and refuses)
         tokens = self.tokens
         if tokens is None:
             head.keep_alive = http11
@@ -203,7 +209,8 @@ def head_refusal(head: RequestHead, method: bytes, url: bytes, http11: bool,
     "major.minor", needed only when ``http11`` cannot be trusted to say it (a request not HTTP/1.1, or a
     parser that does not check versions itself).
 
-    - HTTP/1.1 without Host, or with two Host lines: 400 (§3.2: "MUST respond with a 400").
+    - HTTP/1.1 without Host, or with two Host lines: 400 (§3.2: "MUST respond with a 400"). A target with a
+      fragment: 400 (§3: an invalid request-line SHOULD be).
     - Transfer-Encoding in HTTP/1.0, or with a last coding other than chunked: 400, and the connection closes
       (§6.1, §6.3: the body's end cannot be known, so nothing after it can be read as a request).
     - A version other than 1.0 and 1.1 (HTTP/0.9's bare request line, 1.2, 2.0 over 1.1 framing): 400.
@@ -216,6 +223,8 @@ def head_refusal(head: RequestHead, method: bytes, url: bytes, http11: bool,
       query), so no request is routed by one name while its worker is told another. A target with userinfo
       (``http://user@host/``, RFC 9110 §4.2.4) or an empty authority is refused.
     """
+    if head.malformed is not None:
+        return 400, f"bad request: {head.malformed}", url
     if version is not None and version not in ("1.0", "1.1"):
         return 400, f"HTTP/{version} is not supported (HTTP/1.1 or 1.0 only)", url
     if head.chunked is not None:
@@ -225,6 +234,8 @@ def head_refusal(head: RequestHead, method: bytes, url: bytes, http11: bool,
             return 400, "a Transfer-Encoding whose last coding is not chunked: the body's length is unknown", url
     if head.hosts > 1:
         return 400, "a request with more than one Host header", url
+    if b"#" in url:  # (§3.2: a target has no fragment; a worker's router would read one as part of its path)
+        return 400, "a request target with a fragment (#)", url
     if method == b"CONNECT":
         return 501, "CONNECT is not supported", url
     if url == b"*":

@@ -192,7 +192,7 @@ class RequestReading:
         if size + len(cur.url) > limit:
             cur.error = http1.oversize_status(len(cur.url), size, limit)
         elif (not http11 or cur.head.host is None or cur.url[:1] != b"/" or cur.head.chunked is not None
-              or not _PARSER_CHECKS_VERSION):
+              or b"#" in cur.url or not _PARSER_CHECKS_VERSION):
             # Anything but the common HTTP/1.1, Host and origin-form request without Transfer-Encoding goes through
             # RFC 9112's checks.
             version = None if http11 and _PARSER_CHECKS_VERSION else parser.get_http_version()
