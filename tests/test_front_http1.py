@@ -376,3 +376,15 @@ def test_a_latency_falls_in_the_first_bucket_whose_bound_it_does_not_exceed(seco
     from elasticd.front.core.counters import BOUNDS, bucket
     assert bucket(seconds) == expected == bisect_left(BOUNDS, seconds)
 
+
+
+def test_the_decisions_kept_for_unlisted_names_are_bounded_and_right_past_the_bound() -> None:
+    """A client's own field names are decided once and kept in the table (the next request's are one lookup); a
+    hostile client's random names stop being kept at the bound, and are still decided."""
+    from elasticd.front.core import request_head
+
+    for i in range(request_head._DECIDED + 500):
+        read_request([(b"X-Random-%d" % i, b"1")], True, False)
+    assert len(request_head._REQUEST_KINDS) <= request_head._DECIDED
+    late = read_request([(b"X-Forwarded-Late", b"1"), (b"X-Late-Plain", b"2"), (b"X-Late ", b"3")], True, False)
+    assert late.lines == [b"X-Late-Plain", b": ", b"2", b"\r\n"] and late.malformed is not None

@@ -16,7 +16,8 @@ EOF: Final = 3
 
 HOP: Final = (b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
               b"te", b"trailer", b"trailers", b"transfer-encoding", b"upgrade")
-# The kinds a header is read as (each direction's table maps a lower-case name to one; absent: passed on as it is).
+# The kinds a header is read as (each direction's table maps a lower-case name to one; a response's absent: PLAIN).
+PLAIN: Final = 0  # passed on as it is
 HOST: Final = 1
 COOKIE: Final = 2
 CONN: Final = 3
@@ -30,6 +31,8 @@ UPGRADE: Final = 10
 DROP: Final = 11
 LOGIN: Final = 12
 RETRY: Final = 13  # Retry-After: passed on, and read as a back-off when the answer is a 429
+UNDERSCORED: Final = 14  # a request's name with "_" (request_head.py says why it is dropped)
+MALFORMED: Final = 15  # a request's name no parser should have passed
 NOT_NAMES: Final = frozenset({b"close", b"keep-alive", b"upgrade", b""})  # Connection tokens that name no header
 
 

@@ -19,8 +19,11 @@ from elasticd.front.core.fields import (
     EXPECT,
     HOP,
     HOST,
+    MALFORMED,
     NOT_NAMES,
+    PLAIN,
     TE,
+    UNDERSCORED,
     UPGRADE,
     XFF,
     XFH,
@@ -46,10 +49,40 @@ _TRUSTED_KINDS.update({
 # believe the user came over TLS, and its X-Forwarded-For name any address; apps behind the front (gunicorn,
 # uvicorn, Werkzeug's ProxyFix, Express) trust these headers from 127.0.0.1, which the front is. The other
 # X-Forwarded-* names go too (``_SAID_BY_PROXIES``), and X-Real-IP, nginx's.
+_LISTED: Final = frozenset(_TRUSTED_KINDS)  # (the names a table lists before it keeps any decision)
 _REQUEST_KINDS: Final[dict[bytes, int]] = dict(_TRUSTED_KINDS)
 _REQUEST_KINDS.update({name: DROP for name in (b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host",
                                                 b"forwarded", b"x-real-ip")})
 _SAID_BY_PROXIES: Final = b"x-forwarded-"
+
+
+_DECIDED: Final = 4096  # names a kinds table keeps its decision for, past the listed ones (a client's own are many)
+
+
+def _unlisted(name: bytes, lower: bytes, trusted: bool, kinds: dict[bytes, int]) -> int:
+    """The kind of a field name the table does not list, kept in it (up to ``_DECIDED`` names: random names from a
+    hostile client are decided each time, not kept) so that the next request's same field is one lookup."""
+    if b"_" in name:
+        # A name with "_" reads, CGI-style (HTTP_TRANSFER_ENCODING), as the one with "-": an app reading headers so
+        # could not tell "Transfer_Encoding" from the real one, nor "X_Forwarded_For" from the front's. Dropped as
+        # nginx does (underscores_in_headers off) unless server.underscored_headers: keep (a per-config choice:
+        # never kept in the table).
+        return UNDERSCORED
+    if name.endswith(b" ") or name.endswith(b"\t"):  # (Debian's http-parser passes "X-A : 1" as "X-A ")
+        kind = MALFORMED
+    elif lower.startswith(_SAID_BY_PROXIES) and not trusted:
+        kind = DROP
+    else:
+        kind = PLAIN
+    if len(kinds) < _DECIDED:
+        kinds[lower] = kind
+    return kind
+
+
+def _kept_underscored(lower: bytes) -> bool:
+    """With server.underscored_headers: keep, a name with "_" still never reads as one the front frames by or says."""
+    dashed = lower.replace(b"_", b"-")
+    return not (dashed in _LISTED or dashed == b"forwarded" or dashed.startswith(_SAID_BY_PROXIES))
 
 
 class RequestHead:
@@ -116,24 +149,18 @@ class RequestReader:
             return  # a trailer field (see start)
         head = self.head
         self.size += len(name) + len(value) + 4
+        kinds = self.kinds
         lower = name.lower()
-        kind = self.kinds.get(lower)
+        kind = kinds.get(lower)
         if kind is None:
-            if name.endswith(b" ") or name.endswith(b"\t"):  # (Debian's http-parser passes "X-A : 1" as "X-A ")
-                head.malformed = "whitespace between a field name and its colon (RFC 9112 §5.1)"
-                return
-            # A name with "_" reads, CGI-style (HTTP_TRANSFER_ENCODING), as the one with "-": an app reading
-            # headers so could not tell "Transfer_Encoding" from the real one, nor "X_Forwarded_For" from the
-            # front's. Dropped as nginx does (underscores_in_headers off), unless server.underscored_headers: keep.
-            if b"_" in name:
-                if not self.keep_underscored:
-                    return
-                dashed = lower.replace(b"_", b"-")  # kept, but never one that reads as the front's own or a framing
-                if dashed in _TRUSTED_KINDS or dashed == b"forwarded" or dashed.startswith(_SAID_BY_PROXIES):
-                    return
-            if lower.startswith(_SAID_BY_PROXIES) and not self.trusted:
-                return
+            kind = _unlisted(name, lower, self.trusted, kinds)
+        if kind == PLAIN:  # (the common field: the table, or the decision it keeps, says so in one lookup)
             head.lines.extend((name, b": ", value, b"\r\n"))
+        elif kind == UNDERSCORED:
+            if self.keep_underscored and _kept_underscored(lower):
+                head.lines.extend((name, b": ", value, b"\r\n"))
+        elif kind == MALFORMED:
+            head.malformed = "whitespace between a field name and its colon (RFC 9112 §5.1)"
         elif kind == HOST:
             head.hosts += 1
             head.host = value if head.hosts == 1 else None  # None: head_refusal, not the fast path, decides
