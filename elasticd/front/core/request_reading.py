@@ -36,7 +36,7 @@ _PARSER_CHECKS_VERSION: Final = tuple(int(part) for part in httptools.__version_
 class RequestReading:
     """A client connection's requests as they are read, for ``ClientRelay`` to serve."""
 
-    __slots__ = ("closing", "completed", "cur", "draining", "failure", "head_bytes", "link", "max_header_bytes",
+    __slots__ = ("closing", "cur", "draining", "failure", "head_bytes", "link", "max_header_bytes",
                  "method", "on_header", "parser", "pending", "queue", "reader", "started", "tunnel", "unparsed",
                  "upgrading")
 
@@ -55,10 +55,9 @@ class RequestReading:
         self.tunnel: Link | None = None  # the worker's connection once the upgrade went through
         self.link: Link | None = None  # with TO_WORKER or FAIL: the worker connection meant
         self.failure: tuple[Exchange, int, str] | None = None  # with FAIL: the request and its answer
-        # A method the parser does not know (core/methods.py): the requests read whole (where the next one begins),
-        # the method of the one being read in its place, the bytes of one whose method is not whole yet, and the
-        # first bytes of a head that began a read and is not whole yet (its method may be a known one's prefix).
-        self.completed = 0
+        # A method the parser does not know (core/methods.py): the method of the request read in its place, the
+        # bytes of one whose method is not whole yet, and the first bytes of a head that began a read and is not
+        # whole yet (its method may be a known one's prefix).
         self.method: bytes | None = None
         self.unparsed = b""
         self.started: bytes | None = None
@@ -71,11 +70,12 @@ class RequestReading:
             return self._raw(data)
         if self.unparsed:
             return self._unknown_method(self.unparsed + data)
-        between, completed = self.cur is None, self.completed
+        between = self.cur is None  # (at a request's first byte; and no head read whole in this read, below)
+        queued = len(self.queue)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserInvalidMethodError:
-            if self.completed == completed:
+            if len(self.queue) == queued:
                 if between:  # the request began at data's first byte
                     return self._unknown_method(data)
                 if self.started is not None:  # ... or at the first byte of the reads kept
@@ -97,7 +97,7 @@ class RequestReading:
         cur = self.cur
         if cur is not None and cur.head is NO_HEAD:
             before = self.started
-            if self.completed == completed and (between or before is not None):
+            if len(self.queue) == queued and (between or before is not None):
                 started = data if between or before is None else before + data
                 self.started = started if len(started) <= methods.MAX_METHOD else None
             self.head_bytes += len(data)
@@ -208,7 +208,6 @@ class RequestReading:
             self.pending += len(body)
 
     def on_message_complete(self) -> None:
-        self.completed += 1
         cur = self.cur
         if cur is not None:
             cur.body_done = True
