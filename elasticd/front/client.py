@@ -77,7 +77,9 @@ class ClientConn(asyncio.Protocol):
             trusts = front.trusts
             if trusts is not None:  # (decided once a connection: a proxy keeps its connections to the front)
                 own = transport.get_extra_info("sockname")
-                if isinstance(own, tuple) and trusts(peer, own):
+                # (each end spelled out as (str, int): Debian 12's mypyc types a tuple narrowed by isinstance as
+                # Tuple[Any, ...], and refuses it where (str, int) is asked)
+                if isinstance(own, tuple) and trusts((str(peer[0]), int(peer[1])), (str(own[0]), int(own[1]))):
                     self.relay.reader.trust(True)
         if front.keep_underscored:
             self.relay.reader.keep_underscored = True
