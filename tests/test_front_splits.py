@@ -18,7 +18,7 @@ REQUESTS = (
     b"GET /a?x=1 HTTP/1.1\r\nHost: a.test\r\nCookie: elastic_uid=" + b"c" * 32 + b"\r\nUser-Agent: t\r\n\r\n"
     b"POST /b HTTP/1.1\r\nHost: a.test\r\nContent-Length: 11\r\n\r\nhello world"
     b"POST /c HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n"
-    b"5\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\nCookie: elastic_uid=" + b"d" * 32 + b"\r\n\r\n"
+    b"5; a=b\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\nCookie: elastic_uid=" + b"d" * 32 + b"\r\n\r\n"
     b"GET /d HTTP/1.0\r\nHost: b.test\r\nConnection: keep-alive\r\nX-Forwarded-For: 10.0.0.1\r\n\r\n"
     b"GET http://c.test/e HTTP/1.1\r\nHost: a.test\r\n\r\n"
 )

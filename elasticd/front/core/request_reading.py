@@ -1,6 +1,7 @@
 """The reading half of a client connection's relay (pure, no I/O): bytes the client sent → the requests queued, each
 an ``Exchange`` with its head read and its body as it comes; what the parser refuses answered in its turn; the raw
-bytes after an upgrade request's head; a method the parser does not know read by the front (``methods.py``).
+bytes after an upgrade request's head; a method the parser does not know read by the front (``methods.py``); a
+chunked body read by the front where the parser would refuse what RFC 9112 allows (``chunked.py``).
 ``connection.ClientRelay`` is the whole relay: it serves what this reads.
 """
 
@@ -12,6 +13,7 @@ from typing import Final
 import httptools
 
 from elasticd.front.core import http1, methods
+from elasticd.front.core.chunked import DONE, ChunkedBody
 from elasticd.front.core.exchange import NO_HEAD, Exchange, Link
 from elasticd.front.core.relay import PHASE_DONE, PHASE_FORWARDING, PHASE_QUEUED, RelayError
 
@@ -31,14 +33,21 @@ DISPATCH: Final = 32  # alone: the one request queued waits to be dispatched (``
 # httptools >= 0.2 (llhttp) refuses versions other than 1.0 and 1.1 itself; 0.1.x (http-parser, Debian bookworm's)
 # reads "HTTP/1.2" as a keep-alive 1.x, so there every request's version is asked and checked.
 _PARSER_CHECKS_VERSION: Final = tuple(int(part) for part in httptools.__version__.split(".")[:2]) >= (0, 2)
+# llhttp (the same >= 0.2) refuses BWS in a chunk extension: there the front reads chunked bodies itself (chunked.py).
+_FRONT_READS_CHUNKS: Final = _PARSER_CHECKS_VERSION
+
+
+class _ChunkedBodyFollows(Exception):
+    """Raised out of the parser's ``on_headers_complete`` to stop it after a chunked request's head: the front reads
+    the body (``RequestReading._take_over_body``)."""
 
 
 class RequestReading:
     """A client connection's requests as they are read, for ``ClientRelay`` to serve."""
 
-    __slots__ = ("closing", "cur", "draining", "failure", "head_bytes", "link", "max_header_bytes",
-                 "method", "on_header", "parser", "pending", "queue", "reader", "started", "tunnel", "unparsed",
-                 "upgrading")
+    __slots__ = ("body_read", "chunks", "closing", "cur", "draining", "failure", "head_bytes", "head_tail", "link",
+                 "max_header_bytes", "method", "on_header", "parser", "pending", "queue", "reader", "started",
+                 "tunnel", "unparsed", "upgrading")
 
     def __init__(self, max_header_bytes: int) -> None:
         self.max_header_bytes = max_header_bytes
@@ -61,6 +70,11 @@ class RequestReading:
         self.method: bytes | None = None
         self.unparsed = b""
         self.started: bytes | None = None
+        # Where the reads stand, for the rare request whose body the front reads itself (``chunks``): the body bytes
+        # of the current request read so far, and the last bytes of a head not whole yet.
+        self.chunks: ChunkedBody | None = None
+        self.body_read = 0
+        self.head_tail = b""
 
     def receive(self, data: bytes) -> int:
         """Bytes the client sent. Returns the effects (0, DISPATCH, or SERVE | CROWDED | TO_WORKER | FAIL | CLOSE)."""
@@ -68,32 +82,20 @@ class RequestReading:
             return 0
         if self.upgrading is not None or self.tunnel is not None:
             return self._raw(data)
+        if self.chunks is not None:
+            return self._chunked(data)
         if self.unparsed:
             return self._unknown_method(self.unparsed + data)
-        between = self.cur is None  # (at a request's first byte; and no head read whole in this read, below)
+        entered = self.cur
+        between = entered is None  # (at a request's first byte; and no head read whole in this read, below)
         queued = len(self.queue)
+        stopped: Exception | None = None
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserInvalidMethodError:
-            if len(self.queue) == queued:
-                if between:  # the request began at data's first byte
-                    return self._unknown_method(data)
-                if self.started is not None:  # ... or at the first byte of the reads kept
-                    return self._unknown_method(self.started + data)
-            return self._parse_error(501, "a request method the front does not know, behind another in one read")
-        except httptools.HttpParserUpgrade as exc:
-            effects = self._after_upgrade_head(data[exc.args[0]:])
-            if effects:
-                return effects
-        except httptools.HttpParserError as exc:
-            if isinstance(exc.__context__, RelayError):  # httptools wraps what a callback raised: ours, a bug
-                raise exc.__context__ from None
-            # Over the head's limit only while in a head: a malformed chunk-size line in a body is a 400.
-            cur = self.cur
-            limit = self.max_header_bytes
-            if cur is not None and cur.head is NO_HEAD and self.head_bytes + len(data) > limit:
-                return self._parse_error(*http1.oversize_status(len(cur.url), self.reader.size, limit))
-            return self._parse_error(400, f"bad request: {exc}")
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            stopped = exc
+        if stopped is not None:  # (handled out of the except clause: see _parser_stopped)
+            return self._parser_stopped(stopped, data, entered, queued)
         cur = self.cur
         if cur is not None and cur.head is NO_HEAD:
             before = self.started
@@ -101,9 +103,14 @@ class RequestReading:
                 started = data if between or before is None else before + data
                 self.started = started if len(started) <= methods.MAX_METHOD else None
             self.head_bytes += len(data)
+            self.head_tail = data[-3:] if len(data) >= 3 else (self.head_tail + data)[-3:]
             limit = self.max_header_bytes
             if self.head_bytes > limit:
                 return self._parse_error(*http1.oversize_status(len(cur.url), self.reader.size, limit))
+        return self._effects()
+
+    def _effects(self) -> int:
+        """What the queue asks of the shell after a read."""
         queue = self.queue
         if not queue:
             return 0
@@ -112,6 +119,33 @@ class RequestReading:
         if len(queue) == 1 and queue[0].phase is PHASE_QUEUED:
             return DISPATCH  # the common case, said so that the shell need not ask next_request
         return SERVE
+
+    def _parser_stopped(self, stopped: Exception, data: bytes, entered: Exchange | None, queued: int) -> int:
+        """The parser stopped inside ``data``: at a method it does not know, after an upgrade's or a chunked body's
+        head, or at bytes it refuses (or at a bug of ours: a ``RelayError`` out of a callback).
+
+        Handled here, after the ``except`` clause and not in it: the paths below may feed a fresh parser, and an
+        exception raised while another is being handled gets that one as its ``__context__``, where httptools puts
+        what a callback raised (a chunked body's head, read by the fresh parser, would look like a failure)."""
+        if isinstance(stopped, httptools.HttpParserUpgrade):
+            return self._after_upgrade_head(data[stopped.args[0]:]) or self._effects()
+        if isinstance(stopped, httptools.HttpParserInvalidMethodError):
+            if len(self.queue) == queued:
+                if entered is None:  # the request began at data's first byte
+                    return self._unknown_method(data)
+                if self.started is not None:  # ... or at the first byte of the reads kept
+                    return self._unknown_method(self.started + data)
+            return self._parse_error(501, "a request method the front does not know, behind another in one read")
+        if isinstance(stopped.__context__, _ChunkedBodyFollows):
+            return self._take_over_body(data, entered, queued)
+        if isinstance(stopped.__context__, RelayError):  # httptools wraps what a callback raised: ours, a bug
+            raise stopped.__context__ from None
+        # Over the head's limit only while in a head: a malformed chunk-size line in a body is a 400.
+        cur = self.cur
+        limit = self.max_header_bytes
+        if cur is not None and cur.head is NO_HEAD and self.head_bytes + len(data) > limit:
+            return self._parse_error(*http1.oversize_status(len(cur.url), self.reader.size, limit))
+        return self._parse_error(400, f"bad request: {stopped}")
 
     def _unknown_method(self, data: bytes) -> int:
         """``data`` begins with a request whose method the parser does not know: read again by a fresh parser with
@@ -127,6 +161,59 @@ class RequestReading:
         self.cur = None
         self.method = method
         return self.receive(methods.PLACEHOLDER + data[end:])
+
+    def _take_over_body(self, data: bytes, entered: Exchange | None, queued: int) -> int:
+        """The parser stopped after a chunked request's head (``_ChunkedBodyFollows``): the rest of ``data`` from
+        where that head ended is the body's, read here (``chunked.py``); the parser is done with this connection's
+        bytes until the body ends (then a fresh one reads on).
+
+        httptools does not say where in ``data`` it stopped, so that is found again from what the reads know: a read
+        begins between requests, inside a head (its end is the first CRLFCRLF; llhttp accepts no bare LF, so there
+        is no other), or inside a Content-Length body (``body_read`` of it came before); each head read whole in
+        this read ends at its CRLFCRLF and its body, if any, is its Content-Length (a chunked one would have stopped
+        the parser itself, an upgrade too). The walk costs only these rare requests."""
+        heads = list(self.queue)[queued:]  # the heads read whole in this read; the last one the chunked request's
+        in_head = bool(heads) and entered is heads[0]  # the read began inside the first one's head
+        at, end = 0, -1
+        if entered is not None and not in_head:  # the read began inside a body
+            at = int(entered.head.length or b"0") - self.body_read
+        for n, ex in enumerate(heads):
+            if n or not in_head:
+                while at < len(data) and data[at] in b"\r\n":  # the empty lines a request may follow
+                    at += 1
+                end = data.find(b"\r\n\r\n", at)
+                at = end + 4
+            else:  # the read began inside this head: its end may straddle the reads
+                end = (self.head_tail + data).find(b"\r\n\r\n")
+                at = end + 4 - len(self.head_tail)
+            if end < 0:
+                break
+            if ex is not heads[-1]:
+                at += int(ex.head.length or b"0")
+        cur = self.cur
+        if end < 0 or not heads or cur is not heads[-1] or at > len(data):  # (the walk and the parser disagree)
+            return self._parse_error(400, "bad request: the front lost the framing of a chunked body")
+        self.chunks = ChunkedBody(self.max_header_bytes)
+        return self._chunked(data[at:])
+
+    def _chunked(self, data: bytes) -> int:
+        """Bytes of a chunked body the front reads itself: its data handed on as the parser's would be; the bytes
+        after its end to a fresh parser."""
+        chunks = self.chunks
+        assert chunks is not None
+        pieces: list[bytes] = []
+        took = chunks.feed(data, pieces)
+        for piece in pieces:
+            self.on_body(piece)
+        if took < 0:
+            self.chunks = None
+            return self._parse_error(400, f"bad request: {chunks.error}")
+        if chunks.state != DONE:
+            return self._effects()
+        self.chunks = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.on_message_complete()
+        return self.receive(data[took:]) if took < len(data) else self._effects()
 
     def _after_upgrade_head(self, tail: bytes) -> int:
         """The parser stopped after a head it will not read past: an upgrade request (what follows is the new
@@ -167,6 +254,7 @@ class RequestReading:
         self.cur = Exchange()  # the reader is ready: its finish() readied it for this head
         self.reader.between = False  # headers again, not the last body's trailer
         self.head_bytes = 0
+        self.body_read = 0
 
     def on_url(self, url: bytes) -> None:
         cur = self.cur
@@ -189,6 +277,7 @@ class RequestReading:
         if self.closing:
             cur.head.keep_alive = False
         limit = self.max_header_bytes
+        body_follows = False
         if size + len(cur.url) > limit:
             cur.error = http1.oversize_status(len(cur.url), size, limit)
         elif (not http11 or cur.head.host is None or cur.url[:1] != b"/" or cur.head.chunked is not None
@@ -199,10 +288,15 @@ class RequestReading:
             status, why, cur.url = http1.head_refusal(cur.head, cur.method, cur.url, http11, version)
             if status:
                 cur.error = (status, why)
+            else:
+                body_follows = _FRONT_READS_CHUNKS and cur.head.chunked is not None
         self.queue.append(cur)
+        if body_follows:
+            raise _ChunkedBodyFollows
 
     def on_body(self, body: bytes) -> None:
         cur = self.cur
+        self.body_read += len(body)
         if cur is not None and cur.phase is not PHASE_DONE:
             cur.body.append(body)
             self.pending += len(body)
