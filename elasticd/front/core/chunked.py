@@ -34,6 +34,7 @@ _QUOTED: Final = rb'"(?:[\t \x21\x23-\x5b\x5d-\x7e\x80-\xff]|\\[\t \x21-\x7e\x80
 _EXTENSION: Final = rb"[ \t]*;[ \t]*" + _TOKEN + rb"(?:[ \t]*=[ \t]*(?:" + _TOKEN + rb"|" + _QUOTED + rb"))?"
 _SIZE_LINE: Final = re.compile(rb"([0-9A-Fa-f]{1,%d})(?:%s)*" % (_MAX_SIZE_DIGITS, _EXTENSION))
 _TRAILER_FIELD: Final = re.compile(_TOKEN + rb":[\t \x21-\x7e\x80-\xff]*")
+_HEX_DIGITS: Final = b"0123456789ABCDEFabcdef"
 
 # Where the reading is (the states of RFC 9112 §7.1's grammar, one at a time).
 SIZE: Final = 0  # in a chunk-size line
@@ -71,6 +72,10 @@ class ChunkedBody:
                 if not self.left:
                     self.state = DATA_END
             elif state == DATA_END:
+                if not self.left and data.startswith(b"\r\n", at):  # (the common case: both bytes in one read)
+                    at += 2
+                    self.state = SIZE
+                    continue
                 expected = b"\r\n"[self.left]
                 if data[at] != expected:
                     return self._refuse("a chunk's data is not followed by CRLF (its size is wrong, or a line "
@@ -110,10 +115,13 @@ class ChunkedBody:
             elif _TRAILER_FIELD.fullmatch(line) is None:
                 return self._refuse("a malformed field line in a chunked body's trailer section")
             return newline + 1
-        size_line = _SIZE_LINE.fullmatch(line)
-        if size_line is None:
-            return self._refuse("a malformed chunk-size line (RFC 9112 §7.1: hex digits, then extensions)")
-        size = int(size_line.group(1), 16)
+        if line and len(line) <= _MAX_SIZE_DIGITS and not line.translate(None, _HEX_DIGITS):
+            size = int(line, 16)  # (no extension: the common line, without the regular expression)
+        else:
+            size_line = _SIZE_LINE.fullmatch(line)
+            if size_line is None:
+                return self._refuse("a malformed chunk-size line (RFC 9112 §7.1: hex digits, then extensions)")
+            size = int(size_line.group(1), 16)
         if size:
             self.state, self.left = DATA, size
         else:
