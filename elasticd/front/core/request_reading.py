@@ -107,7 +107,14 @@ class RequestReading:
             limit = self.max_header_bytes
             if self.head_bytes > limit:
                 return self._parse_error(*http1.oversize_status(len(cur.url), self.reader.size, limit))
-        return self._effects()
+        queue = self.queue  # (_effects(), inlined on the common path)
+        if not queue:
+            return 0
+        if len(queue) > MAX_QUEUE or self.pending > MAX_PENDING:
+            return SERVE | CROWDED
+        if len(queue) == 1 and queue[0].phase is PHASE_QUEUED:
+            return DISPATCH
+        return SERVE
 
     def _effects(self) -> int:
         """What the queue asks of the shell after a read."""
@@ -280,7 +287,7 @@ class RequestReading:
         body_follows = False
         if size + len(cur.url) > limit:
             cur.error = http1.oversize_status(len(cur.url), size, limit)
-        elif (not http11 or cur.head.host is None or cur.url[:1] != b"/" or cur.head.chunked is not None
+        elif (not http11 or cur.head.host is None or not cur.url.startswith(b"/") or cur.head.chunked is not None
               or b"#" in cur.url or not _PARSER_CHECKS_VERSION):
             # Anything but the common HTTP/1.1, Host and origin-form request without Transfer-Encoding goes through
             # RFC 9112's checks.
