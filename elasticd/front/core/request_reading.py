@@ -280,7 +280,9 @@ class RequestReading:
         tokens, size = reader.tokens, reader.size  # before finish(), which readies the reader for the next head
         # is_http11's common case inlined: keep-alive without a Connection header is HTTP/1.1.
         cur.http11 = http11 = (tokens is None and parser.should_keep_alive()) or http1.is_http11(parser, tokens)
-        cur.head = reader.finish(http11, parser.should_upgrade())
+        # The parser's upgrade flag matters only to a head with an Upgrade field (finish() drops it otherwise): a call
+        # to the parser, which mypyc makes by name, saved on every other request.
+        cur.head = reader.finish(http11, reader.head.upgrade is not None and parser.should_upgrade())
         if self.closing:
             cur.head.keep_alive = False
         limit = self.max_header_bytes
