@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 
 class QueueHost(Protocol):
-    """What the queue needs of the front (server.Front), named here so the two modules do not import each other."""
+    """What the queue needs of the part that holds it (waiting.WaitingRequests), named here so the two modules do
+    not import each other."""
 
     parked: ParkingLot[ClientConn]
     forwards: ForwardCounters
