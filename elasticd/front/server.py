@@ -186,9 +186,11 @@ class Front:
     # ------------------------------------------------------------------ the daemon's view of its workers and users
 
     def tunnels_by_worker(self) -> dict[str, int]:
+        """Open WebSocket tunnels per worker (``Listening.tunnels_by_worker``: the pool's view of its workers)."""
         return self.listening.tunnels_by_worker()
 
     def tunnels_of(self, user: str) -> int:
+        """The user's open WebSocket tunnels (``Listening.tunnels_of``: what a live move waits for)."""
         return self.listening.tunnels_of(user)
 
     def open_requests_of(self, user: str) -> int:
