@@ -143,7 +143,7 @@ class DaemonControl:
     def _queue_of(self, key: str, most: int, timeout: float) -> dict[str, Any]:
         """The group's queue in the front: waiting now, its bounds, how many waited and how many it refused."""
         stats = self._front.forwards.queues.get(key)
-        return {"depth": self._front.parked.depth(key), "max": most, "timeout": timeout,
+        return {"depth": self._front.waiting.parked.depth(key), "max": most, "timeout": timeout,
                 "waited": stats.count if stats is not None else 0,
                 "refused": dict(stats.refused) if stats is not None else {}}
 

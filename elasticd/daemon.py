@@ -176,21 +176,21 @@ class Daemon:
                                 budget=self._budget, tunnels=self.front.tunnels_by_worker,
                                 user_tunnels=self.front.tunnels_of)
         self.upstreams.wire(self.pool)
-        self.front.on_login = self.pool.on_login
-        self.front.wake = self.pool.wake  # a request for a group at zero workers starts one and waits for it
-        self.pool.on_wake_failed = self.front.wake_failed
-        self.front.on_queued = self.pool.on_queued  # a queued request is the burst's short signal
-        self.pool.queued = lambda key: self.front.parked.depth("/".join(key))
+        self.front.forwarding.on_login = self.pool.on_login
+        self.front.forwarding.wake = self.pool.wake  # a request for a group at zero workers starts one and waits for it
+        self.pool.on_wake_failed = self.front.waiting.wake_failed
+        self.front.waiting.on_queued = self.pool.on_queued  # a queued request is the burst's short signal
+        self.pool.queued = lambda key: self.front.waiting.parked.depth("/".join(key))
         self.supervisor.wait_drained = lambda workers, timeout: self.pool.wait_drained([w.id for w in workers], timeout)
         self.channel = ChannelServer(server.runtime_dir, ChannelAuth(self.supervisor), self.pool.on_report,
                                      interval=server.occupancy_interval, listeners=self.listeners)
         # Live moves: compaction and `elasticctl drain` carry each user's state to its next worker.
         self.mover = Mover(self.front, self.channel, on_end=self.pool.record_move, package_limit=self._package_limit)
         self.pool.mover = self.mover
-        self.front.kept = self.upstreams.kept
+        self.front.forwarding.kept = self.upstreams.kept
         # Capacity probes (seed 001): readings narrow the front's admission and feed the pool's occupancy.
         self.capacity = CapacityWiring(self.front, self.pool, self.supervisor)
-        self.front.place = self.capacity.place
+        self.front.forwarding.place = self.capacity.place
         self.activity = Activity()  # which apps /metrics shows their own series for
         self.sampler = Sampler(interval=config.server.sample_interval, activity=self.activity)
         self.sampler.set_busy(self.supervisor.apps_alive)  # an app with a worker is read every tick, populated or not
@@ -277,13 +277,13 @@ class Daemon:
         key = (worker.tenant, worker.app, worker.group)
         if worker.routable:
             self.pool.on_routable(worker.id)
-            self.front.woke(key)  # requests waiting for a group at zero: they go to it now
+            self.front.waiting.woke(key)  # requests waiting for a group at zero: they go to it now
         elif (worker.state in _ENDED or (worker.state == WorkerState.EXITED and not worker.served)) \
                 and not self.pool.owes_start(key) \
                 and not any(w.state in WILL_SERVE for w in self.supervisor.workers_of(key) if w is not worker):
             # (one that served and exited is restarting: the requests that wait for its group wait for it; one whose
             # start failed is a broken command, and they are answered now rather than at their timeout)
-            self.front.wake_failed(key, f"its worker {worker.id} did not start ({worker.state})")
+            self.front.waiting.wake_failed(key, f"its worker {worker.id} did not start ({worker.state})")
         if worker.routable or worker.state in GONE:
             self.capacity.sync()  # its probe starts once its socket accepts; it stops, its reading dropped, as it goes
         if worker.state in GONE:

@@ -188,10 +188,10 @@ def test_a_dead_worker_is_unroutable_until_it_accepts_again_and_its_refused_requ
                 async with request("/") as resp:
                     statuses.append(resp.status)
                     assert "acme/shop" in await resp.text()
-                unroutable.append(set(f.unroutable))
+                unroutable.append(set(f.health.unroutable))
             async with upstream_app(missing, ok):  # "gone" comes back on its socket
                 for _ in range(100):
-                    if "gone" not in f.unroutable:
+                    if "gone" not in f.health.unroutable:
                         break
                     await asyncio.sleep(0.05)
                 async with request("/") as resp:
@@ -424,7 +424,7 @@ def test_failure_mid_answer_truncates_the_client(tmp_path: Path, then: Callable[
                         got += chunk
                 except aiohttp.ClientPayloadError as exc:
                     error = type(exc)
-                return resp.status, got, error, time.monotonic() - start, set(f.unroutable)
+                return resp.status, got, error, time.monotonic() - start, set(f.health.unroutable)
 
     status, got, error, took, unroutable = run(scenario())
     assert (status, got, error) == (200, b"0123456789", aiohttp.ClientPayloadError)
@@ -463,7 +463,7 @@ def test_client_hanging_up_frees_the_worker(tmp_path: Path) -> None:
                     break
                 await asyncio.sleep(0.02)
             assert f.forwards.open == {} and f.forwards.routes[("acme", "shop")].codes == {499: 1}
-            assert f.unroutable == set()
+            assert f.health.unroutable == set()
         return events
 
     assert run(scenario()) == ["worker connection closed"]

@@ -155,7 +155,7 @@ def test_an_answer_head_past_a_bound_is_502_counted_and_its_connection_closed(tm
             await until(lambda: worker.closed_by_front == 1, what="the worker's connection closed")
             assert f.forwards.upstream_refusals == {("acme", "shop", reason): 1}
             # It answered (badly): it stays routable, and its next answer is relayed on a new connection.
-            assert f.unroutable == set()
+            assert f.health.unroutable == set()
             assert (await get(f, "/fine"))[:2] == (200, b"ok") and worker.accepted == 2
             exposed = {(s.name, tuple(sorted(s.labels.items()))): s.value
                        for m in f.collector().collect() for s in m.samples}
@@ -267,7 +267,7 @@ def test_a_worker_that_never_answers_gets_its_concurrency_and_the_rest_wait_then
         async with worker.serving(), front(worker.upstreams, timeout=1.0, routes=_one_at_a_time(timeout=1.5)) as f:
             results = await asyncio.gather(*(get(f) for _ in range(30)))
             await until(lambda: worker.open == 0, what="the worker's connections closed")
-            assert f.forwards.open == {} and f.forwards.saturated == set() and not f.parked
+            assert f.forwards.open == {} and f.forwards.saturated == set() and not f.waiting.parked
             return ([status for status, _, _ in results], worker.most, worker.accepted,
                     f.forwards.queues["acme/shop/green"].refused)
 
@@ -303,14 +303,14 @@ def test_requests_waiting_for_a_worker_that_dies_wait_for_its_restart(tmp_path: 
         async with front(worker.upstreams, timeout=5.0, routes=_one_at_a_time()) as f:
             async with worker.serving():
                 asking = [asyncio.ensure_future(get(f)) for _ in range(1 + 6)]
-                await until(lambda: worker.open == 1 and f.parked.depth("acme/shop/green") == 6,
+                await until(lambda: worker.open == 1 and f.waiting.parked.depth("acme/shop/green") == 6,
                             what="one on the worker, six waiting")
                 for task in list(worker.tasks):  # it dies: its connections reset
                     task.cancel()
-                await until(lambda: "raw" in f.unroutable, what="the worker found dead")
+                await until(lambda: "raw" in f.health.unroutable, what="the worker found dead")
             path.unlink(missing_ok=True)  # (Python 3.13's server removes its socket file as it closes)
             await asyncio.sleep(0.3)  # the six go on waiting while nothing accepts
-            assert f.parked.depth("acme/shop/green") == 6
+            assert f.waiting.parked.depth("acme/shop/green") == 6
             async with RawWorker(path, _slowly).serving():  # restarted, on the same socket
                 done = await asyncio.gather(*asking)
             return [status for status, _, _ in done]
@@ -324,7 +324,7 @@ def test_past_the_queue_bound_requests_are_refused_503_at_once(tmp_path: Path) -
         worker = RawWorker(tmp_path / "w.sock", _never)
         async with worker.serving(), front(worker.upstreams, timeout=5.0, routes=_one_at_a_time(most=4)) as f:
             asking = [asyncio.ensure_future(get(f, timeout=8.0)) for _ in range(1 + 4)]
-            await until(lambda: worker.open == 1 and f.parked.depth("acme/shop/green") == 4,
+            await until(lambda: worker.open == 1 and f.waiting.parked.depth("acme/shop/green") == 4,
                         what="one on the worker, the queue full")
             started = time.monotonic()
             refused = await asyncio.gather(*(get(f) for _ in range(3)))

@@ -147,7 +147,7 @@ def test_a_moving_users_requests_wait_and_go_in_order_to_its_new_worker(workers:
             f.surface.flag(USER)
             waiting = [asyncio.create_task(_worker_of(request, USER)) for _ in range(5)]
             await asyncio.sleep(0.3)
-            held = f.parked.count(Parked.MOVE)
+            held = f.waiting.parked.count(Parked.MOVE)
             assert not any(t.done() for t in waiting)  # none was forwarded
             others = await _worker_of(request, OTHER)  # another user is served meanwhile
             f.surface.assign(USER, "w2", f.clock())  # SWITCH

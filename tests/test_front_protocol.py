@@ -192,10 +192,10 @@ def test_websocket_is_relayed_both_ways(tmp_path: Path) -> None:
                 await ws.send_bytes(payload)
                 got.append((await ws.receive(timeout=5)).data == payload[::-1])
             for _ in range(50):
-                if not f.conns:
+                if not f.listening.conns:
                     break
                 await asyncio.sleep(0.02)
-            got.append(len(f.conns))
+            got.append(len(f.listening.conns))
             got.append(dict(f.forwards.routes[("acme", "shop")].codes))
             return got
 
@@ -247,7 +247,8 @@ def test_a_login_asks_the_pool_where_the_user_lives(tmp_path: Path) -> None:
         asked: list[tuple[tuple[str, str, str], str]] = []
         async with upstream_app(tmp_path / "a.sock", worker("a"), "a") as a, \
                 upstream_app(tmp_path / "b.sock", worker("b"), "b") as b, front(a + b) as f, client(f) as request:
-            f.on_login = lambda key, user, worker, placed: asked.append((key, user)) or "b"  # the pool passes to b
+            # the pool passes to b
+            f.forwarding.on_login = lambda key, user, worker, placed: asked.append((key, user)) or "b"
             served = []
             async with request("/") as resp:
                 user = resp.cookies["elastic_uid"].value

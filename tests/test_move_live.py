@@ -270,7 +270,7 @@ async def test_a_source_killed_as_it_is_asked_for_the_package_places_its_user_an
         mover: Mover
 
         def gone(worker_id: str) -> None:  # what the daemon does when the supervisor sees a worker exit
-            routable = s.front._workers("acme", "shop", "green")
+            routable = s.front.workers_of("acme", "shop", "green")
             routable[:] = [u for u in routable if u.worker_id != worker_id]  # type: ignore[index]
             s.front.close_upstream(worker_id)
             mover.worker_died(worker_id)

@@ -45,12 +45,13 @@ def test_a_node_moved_or_removed_by_a_reload_is_forgotten_by_the_front():
     wiring, front = _wiring()
     wiring.apply(parse_config(CONFIG.format(port=8000)))
     assert [u.socket_path for u in wiring.nodes[("acme", "shop", "remote")]] == ["10.0.0.5:8000", "10.0.0.6:8000"]
-    front.unroutable.update({GPU1, GPU2})  # both found dead
+    front.health.unroutable.update({GPU1, GPU2})  # both found dead
     wiring.apply(parse_config(CONFIG.format(port=9000)))  # gpu1 at another address, gpu2 as it was
-    assert GPU1 not in front.unroutable and GPU2 in front.unroutable
+    assert GPU1 not in front.health.unroutable and GPU2 in front.health.unroutable
     wiring.apply(parse_config(CONFIG.format(port=9000).replace('              - {url: "http://10.0.0.6:8000", '
                                                                 'name: gpu2}\n', "")))
-    assert GPU2 not in front.unroutable and [u.worker_id for u in wiring.nodes[("acme", "shop", "remote")]] == [GPU1]
+    assert GPU2 not in front.health.unroutable
+    assert [u.worker_id for u in wiring.nodes[("acme", "shop", "remote")]] == [GPU1]
 
 
 def test_the_registry_publishes_the_hosts_own_workers_never_its_nodes():
@@ -71,8 +72,8 @@ def test_new_users_of_a_nodes_group_spread_over_idle_nodes_and_go_to_the_one_wit
     assert sorted(wiring.place(None, surface, nodes) for _ in range(4)) == [GPU1, GPU1, GPU2, GPU2]  # ties in turn
     busy = ConnectionPool(nodes[0], WorkerCounters())
     busy.conns.update({object(), object()})  # type: ignore[arg-type]  # two connections carrying requests
-    front._pools[GPU1] = busy
-    assert front.in_flight(GPU1) == 2 and front.in_flight(GPU2) == 0
+    front.worker_links.pools[GPU1] = busy
+    assert front.worker_links.in_flight(GPU1) == 2 and front.worker_links.in_flight(GPU2) == 0
     assert {wiring.place(None, surface, nodes) for _ in range(4)} == {GPU2}  # gpu1 has 2 of its 2 open
     workers = [Upstream("acme.shop.green.1", "/run/w1.sock"), Upstream("acme.shop.green.2", "/run/w2.sock")]
     assert wiring.place(None, surface, workers) == "acme.shop.green.1"  # a worker group: its reception

@@ -109,7 +109,7 @@ def test_a_dead_workers_users_are_replaced(two_workers: list[DemoWorker]) -> Non
             w1.proc.wait()
             async with request("/", headers={"Cookie": f"elastic_uid={users[0]}"}) as resp:
                 steps.append((resp.status, "acme/shop" in await resp.text()))
-            steps.append(set(f.unroutable))
+            steps.append(set(f.health.unroutable))
             routable.remove(up1)  # the supervisor saw it exit
             f.close_upstream("w1")
             steps.append([(await visit(request, user))[0] for user in users])

@@ -1,6 +1,7 @@
 """The client side of the relay, as an asyncio Protocol: socket callbacks go into the connection's relay core
 (``core.connection.ClientRelay``) and what it returns is carried out — bytes written, reading paused or
-resumed, the connection closed (at once or lingering), a request dispatched or settled through the listener.
+resumed, the connection closed (at once or lingering), a request dispatched or settled through the request path
+(``FrontSide``: the front's ``forwarding`` part, called directly).
 
 Requests are served one at a time in the order they came; the worker's answer streams back through the
 worker side (``links``). Decisions are front.core's; this module only moves bytes.
@@ -42,7 +43,7 @@ from elasticd.front.core.relay import (
 )
 
 if TYPE_CHECKING:
-    from elasticd.front.links import FrontSide, WorkerSide
+    from elasticd.front.links import FrontSide, ListeningSide, WorkerSide
 
 __all__ = ["ClientConn"]
 
@@ -53,17 +54,18 @@ _LINGER: Final = 2.0  # seconds a closing connection still reads (and drops) wha
 
 
 class ClientConn(asyncio.Protocol):
-    __slots__ = ("active_at", "clock", "front", "peer", "relay", "transport", "tunnel_user")
+    __slots__ = ("active_at", "clock", "front", "listening", "peer", "relay", "transport", "tunnel_user")
 
-    def __init__(self, front: FrontSide) -> None:
-        self.front = front
-        self.clock = front.clock
+    def __init__(self, listening: ListeningSide, front: FrontSide) -> None:
+        self.listening = listening  # the listener that accepted it: its terms, and whether the front stops
+        self.front = front  # the request path: where its requests go, and how they end
+        self.clock = listening.clock
         self.transport: asyncio.Transport | None = None
-        self.relay = ClientRelay(front.max_header_bytes)
-        if front.closing:
+        self.relay = ClientRelay(listening.max_header_bytes)
+        if listening.closing:
             self.relay.closing = True
         self.peer: bytes | None = None
-        self.active_at = front.clock()
+        self.active_at = listening.clock()
         self.tunnel_user: str | None = None  # whose WebSocket tunnel this connection carries, while it does
 
     # ------------------------------------------------------------------ asyncio
@@ -71,22 +73,22 @@ class ClientConn(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
-        front = self.front
+        listening = self.listening
         if isinstance(peer, tuple) and peer:
             self.peer = str(peer[0]).encode()
-            trusts = front.trusts
+            trusts = listening.trusts
             if trusts is not None:  # (decided once a connection: a proxy keeps its connections to the front)
                 own = transport.get_extra_info("sockname")
                 # (each end spelled out as (str, int): Debian 12's mypyc types a tuple narrowed by isinstance as
                 # Tuple[Any, ...], and refuses it where (str, int) is asked)
                 if isinstance(own, tuple) and trusts((str(peer[0]), int(peer[1])), (str(own[0]), int(own[1]))):
                     self.relay.reader.trust(True)
-        if front.keep_underscored:
+        if listening.keep_underscored:
             self.relay.reader.keep_underscored = True
-        front.conns.add(self)
+        listening.conns.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.front.conns.discard(self)
+        self.listening.conns.discard(self)
         self.transport = None
         links, ex, status = self.relay.client_lost()
         for link in links:
@@ -213,7 +215,7 @@ class ClientConn(asyncio.Protocol):
         """An answer of the front's own, in the request's turn (its phase is the caller's to advance)."""
         relay = self.relay
         data, mode = relay.own_answer(ex, status, text, retry_after=retry_after, close=close,
-                                      stopping=self.front.stopping)
+                                      stopping=self.listening.stopping)
         transport = self.transport
         if transport is None:
             return
@@ -244,7 +246,7 @@ class ClientConn(asyncio.Protocol):
         relay = self.relay
         if relay.paused and relay.worker_gone() and self.transport is not None:
             self.transport.resume_reading()  # paused while that worker connection's buffer was full
-        if relay.worker_answered(ex, close_after, front.stopping):
+        if relay.worker_answered(ex, close_after, self.listening.stopping):
             if self.transport is not None:
                 self.transport.close()
         elif relay.queue:  # pipelined requests wait (the common keep-alive case has none)
@@ -319,8 +321,9 @@ class ClientConn(asyncio.Protocol):
 
     # ------------------------------------------------------------------ timeouts and shutdown
 
-    def timed_out(self) -> None:
-        """No byte moved either way for the timeout: 504 when the worker's answer has not started."""
+    def timed_out(self, timeout: float) -> None:
+        """No byte moved either way for the timeout (the front's tick says: ``timeout`` is its request timeout):
+        504 when the worker's answer has not started."""
         transport = self.transport
         if transport is None:
             return
@@ -337,7 +340,6 @@ class ClientConn(asyncio.Protocol):
             self.front.settle(ex, ex.status, EVENT_CUT)
             transport.close()
             return
-        timeout = self.front.request_timeout
         if ex.head_began > 0.0:  # its head began and never came whole (trickled): ClientRelay.head_overdue
             self._count_refusal(ex, HEAD_TIME)
             self.front.tell_of_worker(ex.worker, "head-time", "%s %s: worker %s did not send its answer head whole "

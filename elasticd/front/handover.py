@@ -54,7 +54,7 @@ from typing import Any
 from elasticd.front.client import ClientConn
 from elasticd.front.core.exchange import Exchange
 from elasticd.front.core.relay import PHASE_FORWARDING, PHASE_PARKED, PHASE_QUEUED
-from elasticd.front.server import Front
+from elasticd.front.listening import Listening
 from elasticd.upgrade.state import SavedRequest, SavedTunnel, SavedUnsent
 
 __all__ = ["Settled", "awaiting", "request_again", "resume", "settle", "unsent"]
@@ -173,19 +173,20 @@ def _fd(transport: Any) -> int | None:
     return sock.fileno() if sock is not None else None
 
 
-async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Settled:
+async def settle(listening: Listening, grace: float, clock: Callable[[], float]) -> Settled:
     """Let the requests in flight finish (two phases, each up to ``grace`` seconds: see above), stop accepting (the
     listening sockets stay open), and duplicate every carriable connection's descriptor."""
     settled = Settled()
     began = clock()
     # Phase 1: serving as usual while the requests in flight now finish.
-    first: list[Any] = [ex for conn in list(front.conns) for ex in conn.relay.queue]  # (held: their ids stay theirs)
+    # (held: their ids stay theirs)
+    first: list[Any] = [ex for conn in list(listening.conns) for ex in conn.relay.queue]
     first_ids = {id(ex) for ex in first}
     deadline = began + grace
-    while clock() < deadline and _any_in_flight(front, first_ids):
+    while clock() < deadline and _any_in_flight(listening, first_ids):
         await asyncio.sleep(_POLL)
     # Phase 2: no new connection accepted; the ones open settle.
-    front.stop_accepting()
+    listening.stop_accepting()
     settled.stopped_accepting = clock()
     deadline = settled.stopped_accepting + grace
     # Transports paused here (id → transport), to resume if the exec fails. One the relay paused itself (its
@@ -199,7 +200,7 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
 
     while True:
         busy = 0
-        for conn in list(front.conns):
+        for conn in list(listening.conns):
             transport = conn.transport
             if transport is None or transport.is_closing():
                 continue
@@ -230,17 +231,17 @@ async def settle(front: Front, grace: float, clock: Callable[[], float]) -> Sett
     settled.waited = clock() - began
     settled.paused = list(paused.values())
     try:
-        _collect(front, settled)
+        _collect(listening, settled)
     except BaseException:  # (a descriptor the kernel would not give: undo what was done, and say why above)
-        resume(front, settled)
+        resume(listening, settled)
         raise
     return settled
 
 
-def _collect(front: Front, settled: Settled) -> None:
+def _collect(listening: Listening, settled: Settled) -> None:
     """Duplicate every settled connection's descriptors into ``settled``; count the rest as cut or closed."""
     unsent_bytes = 0
-    for conn in list(front.conns):
+    for conn in list(listening.conns):
         transport = conn.transport
         if transport is None or transport.is_closing():
             continue
@@ -283,7 +284,7 @@ def _collect(front: Front, settled: Settled) -> None:
             settled.cut += 1
     # Tunnels carried over from the image before: carried on again, as they are (never paused: both sides are
     # kernel buffers only while this image relays nothing, which the exec guarantees from here on).
-    for tunnel in list(front.carried):
+    for tunnel in list(listening.carried):
         client, upstream = tunnel.client.transport, tunnel.upstream.transport
         if client is None or upstream is None or client.get_write_buffer_size() or upstream.get_write_buffer_size():
             settled.closed += 1
@@ -299,11 +300,11 @@ def _collect(front: Front, settled: Settled) -> None:
                                            tunnel.user))
 
 
-def _any_in_flight(front: Front, exchanges: set[int]) -> bool:
+def _any_in_flight(listening: Listening, exchanges: set[int]) -> bool:
     """One of ``exchanges`` is still in flight, and neither awaiting its answer nor unsent (those are carried)."""
     if not exchanges:
         return False
-    for conn in list(front.conns):
+    for conn in list(listening.conns):
         for ex in conn.relay.queue:
             if id(ex) in exchanges and awaiting(conn) is not ex and unsent(conn) is not ex:
                 return True
@@ -326,7 +327,7 @@ def _inheritable_pair(client_fd: int, worker_fd: int) -> tuple[int, int]:
         raise
 
 
-def resume(front: Front, settled: Settled) -> None:
+def resume(listening: Listening, settled: Settled) -> None:
     """The exec failed: close the duplicates, resume every paused connection (``Front.start`` serves again)."""
     for fd in settled.connections:
         os.close(fd)

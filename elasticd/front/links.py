@@ -1,6 +1,8 @@
 """What the two halves of the relay see of each other: the client connection (``client.ClientConn``) and a
 worker connection (``upstream.UpstreamConn``) each drive the relay core and talk to the other only through
-these Protocols, so neither module imports the other (the front's listener, ``server.py``, builds both).
+these Protocols, so neither module imports the other (the front's parts build both). And what a client connection
+sees of the front: the request path (``FrontSide``: ``forwarding.Forwarding``, also what the parts that call back
+into it see of it) and the listener that accepted it (``ListeningSide``: ``listening.Listening``).
 """
 
 from __future__ import annotations
@@ -9,11 +11,13 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from elasticd.front.core.counters import ForwardCounters
+from elasticd.front.core.dispatch import Target
 from elasticd.front.core.exchange import Exchange, Link
 from elasticd.front.core.relay import Event
+from elasticd.front.core.routing import RouteTable
 from elasticd.front.core.sticky import Surface
 
-__all__ = ["ClientSide", "FrontSide", "WorkerSide"]
+__all__ = ["ClientSide", "FrontSide", "ListeningSide", "WorkerSide"]
 
 
 # A connection to a worker, as the client connection holds it (``Exchange.conn``, or the tunnel): the core's
@@ -53,21 +57,30 @@ class ClientSide(Protocol):
     def fail_closed(self, error: BaseException) -> None: ...
 
 
-class FrontSide(Protocol):
-    """The listener (``server.Front``), as a client connection asks it to route, settle and give up."""
+class ListeningSide(Protocol):
+    """The listener (``listening.Listening``), as a client connection it accepted joins it, leaves it, and asks
+    how to answer while the front stops."""
 
     clock: Callable[[], float]
-    closing: bool
+    closing: bool  # a drained stop: every answer closes its connection, announced
     conns: set[Any]
-    forwards: ForwardCounters
     keep_underscored: bool
     max_header_bytes: int
-    request_timeout: float
     stopping: bool
-    surface: Surface
     # Whether a connection's peer is a proxy trusted with X-Forwarded-* and Forwarded, from its address and the
     # address it connected to (None: nobody is; the daemon's ``ProxyTrust``).
     trusts: Callable[[tuple[str, int], tuple[str, int]], bool] | None
+
+
+class FrontSide(Protocol):
+    """The request path (``forwarding.Forwarding``), as a client connection asks it to route, settle and give up,
+    and as the front's other parts hand it a request back (decided again, or answered)."""
+
+    forwards: ForwardCounters
+    routes: RouteTable
+    surface: Surface
+
+    def target(self, host: bytes | None) -> Target | None: ...
 
     def dispatch(self, client: Any, ex: Exchange) -> None: ...
 

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 
 class QueueHost(Protocol):
-    """What the queue needs of the front (server.Front), named here so the two modules do not import each other."""
+    """What the queue needs of the part that holds it (waiting.WaitingRequests), named here so the two modules do
+    not import each other."""
 
     parked: ParkingLot[ClientConn]
     forwards: ForwardCounters
@@ -58,10 +59,10 @@ QUEUE_RETRY_AFTER: Final = 1
 
 
 class FrontQueue:
-    __slots__ = ("_front", "_scheduled")
+    __slots__ = ("_host", "_scheduled")
 
-    def __init__(self, front: QueueHost) -> None:
-        self._front = front
+    def __init__(self, host: QueueHost) -> None:
+        self._host = host
         self._scheduled: set[str] = set()  # groups whose drain waits for the loop's next turn
 
     # ------------------------------------------------------------------ in
@@ -69,10 +70,10 @@ class FrontQueue:
     def admits(self, key: str, target: Target, group: str, client: ClientConn, ex: Exchange) -> bool:
         """Whether one more request may wait for the group ``key``; if not, it is answered 503 here."""
         most = target.route.queue_of(group)[0]
-        depth = self._front.parked.depth(key)
+        depth = self._host.parked.depth(key)
         if depth < most:
             return True
-        self._front.forwards.queue(key).refuse(QUEUE_FULL)
+        self._host.forwards.queue(key).refuse(QUEUE_FULL)
         target.stats.answered(503)
         ex.advance(EVENT_REFUSE)
         client.answer(ex, 503, f"{target.route}: group {group}: {depth} requests wait already (its queue.max)",
@@ -85,9 +86,9 @@ class FrontQueue:
             return
         ex.advance(EVENT_PARK)
         ex.ts = now  # (when it came into the queue: its wait is counted from here; a forward sets ts anew)
-        self._front.parked.park(PARKED_QUEUE, queued.key, client, ex, now, wants=queued.wants,
+        self._host.parked.park(PARKED_QUEUE, queued.key, client, ex, now, wants=queued.wants,
                                 wait=target.route.queue_of(group)[1])
-        told = self._front.on_queued
+        told = self._host.on_queued
         if told is not None:
             route = target.route
             try:
@@ -101,7 +102,7 @@ class FrontQueue:
         """ForwardCounters.on_free: True when the worker may leave ``saturated`` now (nothing waits for its group);
         else its group's drain is scheduled and the worker stays saturated until then."""
         key = counters.group
-        if not key or not self._front.parked.holds(PARKED_QUEUE, key):
+        if not key or not self._host.parked.holds(PARKED_QUEUE, key):
             return True
         self.schedule(key)
         return False
@@ -121,8 +122,8 @@ class FrontQueue:
     def drain(self, key: str) -> int:
         """The group's workers with room leave ``saturated``; then its waiting requests that can go now are
         dispatched, oldest first (each takes its slot as it is forwarded). Returns how many went."""
-        front = self._front
-        forwards = front.forwards
+        host = self._host
+        forwards = host.forwards
         saturated = forwards.saturated
         workers = self._routable(key)
         for worker in workers:
@@ -138,14 +139,14 @@ class FrontQueue:
             return any(worker_id not in saturated for worker_id in routable)
 
         went = 0
-        for _ in range(front.parked.depth(key)):  # (bounded: a request that parks again is not taken twice)
-            found = front.parked.take_first(PARKED_QUEUE, key, may_go)
+        for _ in range(host.parked.depth(key)):  # (bounded: a request that parks again is not taken twice)
+            found = host.parked.take_first(PARKED_QUEUE, key, may_go)
             if found is None:
                 break
             client, ex, _came = found
             if client.transport is None or ex.phase is not PHASE_PARKED:
                 continue  # the client left meanwhile
-            forwards.queue(key).waited(front.clock() - ex.ts)
+            forwards.queue(key).waited(host.clock() - ex.ts)
             try:
                 ex.advance(EVENT_RELEASE)
                 client.released(ex)
@@ -157,29 +158,29 @@ class FrontQueue:
 
     def _routable(self, key: str) -> Sequence[Upstream]:
         tenant, app, group = key.split("/")
-        unroutable = self._front.unroutable
-        return [w for w in self._front.workers_of(tenant, app, group) if w.worker_id not in unroutable]
+        unroutable = self._host.unroutable
+        return [w for w in self._host.workers_of(tenant, app, group) if w.worker_id not in unroutable]
 
     # ------------------------------------------------------------------ the tick
 
     def tick(self, now: float) -> None:
         """Each group's requests that waited its ``queue.timeout`` are answered 503; then whatever room there is
         goes to the rest (a release no event named: a raised concurrency, a worker that joined)."""
-        front = self._front
-        parked = front.parked
+        host = self._host
+        parked = host.parked
         for key in parked.keys(PARKED_QUEUE):
             timeout = parked.terms(PARKED_QUEUE, key)[1]
             overdue = parked.release_older(PARKED_QUEUE, key, now - timeout)
             if overdue:
-                stats = front.forwards.queue(key)
+                stats = host.forwards.queue(key)
                 for _, ex in overdue:
                     stats.waited(now - ex.ts)
                     stats.refuse(QUEUE_TIMEOUT)
-                front.answer_parked(overdue, key, 503, f"group {key}: no worker had a free slot within its "
-                                    f"queue.timeout ({timeout:g}s)", QUEUE_RETRY_AFTER)
+                host.answer_parked(overdue, key, 503, f"group {key}: no worker had a free slot within its "
+                                   f"queue.timeout ({timeout:g}s)", QUEUE_RETRY_AFTER)
             self.drain(key)
 
     def depths(self) -> dict[str, int]:
         """Requests waiting per group (for the metrics page: a copy, read from its thread)."""
-        parked = self._front.parked
+        parked = self._host.parked
         return {key: parked.depth(key) for key in {*parked.keys(PARKED_QUEUE), *parked.keys(PARKED_WAKE)}}

@@ -46,7 +46,7 @@ async def carry_in(front: Front, saved: SavedState,
     for fd in saved.connections:
         sock = _taken(fd)
         try:
-            await loop.connect_accepted_socket(front.connection, sock)
+            await loop.connect_accepted_socket(front.listening.connection, sock)
         except OSError as exc:
             log.info("a client connection carried over the re-exec is gone: %s", exc)
             sock.close()
@@ -60,8 +60,8 @@ async def carry_in(front: Front, saved: SavedState,
         except OSError as exc:
             log.info("a WebSocket tunnel carried over the re-exec is gone: %s", exc)
             continue
-        front.carried.add(tunnel)
-        tunnel.on_close = front.carried.discard
+        front.listening.carried.add(tunnel)
+        tunnel.on_close = front.listening.carried.discard
         tunnels_kept += 1
     requests_kept = 0
     for request in saved.requests:
@@ -82,7 +82,7 @@ async def _carry_unsent(front: Front, saved: SavedUnsent) -> bool:
     route it as any: the connection's own bytes (a next request) are read after it, in order."""
     loop = asyncio.get_running_loop()
     sock = _taken(saved.client)
-    client = front.connection()
+    client = front.listening.connection()
     client.relay.receive(base64.b64decode(saved.data))  # parsed before the transport reads a byte of the socket
     if len(client.relay.queue) != 1:
         log.warning("a request carried over the re-exec did not read as one: its connection is closed")
@@ -110,7 +110,7 @@ async def _carry_request(front: Front, saved: SavedRequest, upstream_of: Callabl
     loop = asyncio.get_running_loop()
     client_sock, worker_sock = _taken(saved.client), _taken(saved.upstream)
     host = saved.host.encode("latin-1") if saved.host is not None else None
-    target = front.target(host)
+    target = front.forwarding.target(host)
     if target is not None and (target.route.tenant, target.route.app) != (saved.tenant, saved.app):
         target = None  # (a reload between the images gave its host to another app: not this request's route)
     upstream = upstream_of(saved.worker)
@@ -125,7 +125,7 @@ async def _carry_request(front: Front, saved: SavedRequest, upstream_of: Callabl
         worker_sock.close()
         return False
     route = target.route
-    pool = front.pool_of(upstream, route, saved.group)
+    pool = front.worker_links.pool_of(upstream, route, saved.group)
     head = RequestHead()
     head.host = host
     head.keep_alive = saved.keep_alive
@@ -146,7 +146,7 @@ async def _carry_request(front: Front, saved: SavedRequest, upstream_of: Callabl
         ex.quota = quota
     # Every link is made before either transport exists: the answer may be in the worker socket's buffer already, and
     # the client may have sent its next request; either is read as soon as its transport is.
-    client = front.connection()
+    client = front.listening.connection()
     client.relay.queue.append(ex)
     link = UpstreamConn(pool)
     ex.forward(front.forwards, link)
@@ -158,7 +158,7 @@ async def _carry_request(front: Front, saved: SavedRequest, upstream_of: Callabl
         client_sock.close()
         worker_sock.close()
         link.relay.detach()
-        front.settle(ex, 499, EVENT_CLIENT_LEFT)
+        front.forwarding.settle(ex, 499, EVENT_CLIENT_LEFT)
         return False
     try:
         await loop.connect_accepted_socket(lambda: link, worker_sock)

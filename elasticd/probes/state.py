@@ -5,7 +5,7 @@ It owns the probes (one per worker or node whose group asks for one), the readin
 
 - the front's ``full`` map (worker → until when it takes nothing, the Retry-After, the wait): admission on the
   request path reads that dict, never a probe (seed 001: never on the request path); when a node has room again,
-  the requests waiting for it go (``Front.room``);
+  the requests waiting for it go (``WaitingRequests.room``);
 - the pool's ``capacity`` occupancy component (``PoolManager.on_capacity``): a worker that says it is full is
   full, so placement avoids it and scale-up counts it.
 

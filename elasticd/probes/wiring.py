@@ -31,8 +31,8 @@ class CapacityWiring:
         self._config: Config | None = None
         self._turn = 0  # where the next new user of a nodes: group starts looking (ties go round)
         self._limits: dict[str, int] = {}  # each node's limit (its block's, else its group's concurrency)
-        self.state = CapacityState(front.full, front.room, pool.on_capacity)
-        front.on_backoff = lambda worker, value, now: self.state.backoff(worker, value)
+        self.state = CapacityState(front.health.full, front.waiting.room, pool.on_capacity)
+        front.forwarding.on_backoff = lambda worker, value, now: self.state.backoff(worker, value)
         # A nodes: group's upstreams, in the config's order (the first is where new users go while it has room).
         self.nodes: dict[GroupKey, list[Upstream]] = {}
 
@@ -91,7 +91,7 @@ class CapacityWiring:
         def load(worker: RoutableWorker) -> float:
             wid = worker.worker_id
             reading = self.state.tightest(wid)
-            measured = front.in_flight(wid) / limits.get(wid, 8)
+            measured = front.worker_links.in_flight(wid) / limits.get(wid, 8)
             return max(measured, reading.ratio) if reading is not None else measured
 
         # Ties (idle nodes, a sequential client) are broken in turn, so new users spread over the nodes rather
@@ -110,7 +110,7 @@ class CapacityWiring:
         if config is None:
             return []
         open_by = self._front.forwards.open_by_worker()
-        unroutable = self._front.unroutable
+        unroutable = self._front.health.unroutable
         apps = []
         for tenant, app in config.apps():
             groups = []
@@ -154,7 +154,7 @@ class CapacityWiring:
             state["groups"][group.name] = {
                 "nodes": True, "active": group.name in config.tenants[tenant].apps[app].active_groups,
                 "workers": [{"id": upstream.worker_id, "address": upstream.socket_path, "state": "node",
-                             "routable": upstream.worker_id not in self._front.unroutable,
+                             "routable": upstream.worker_id not in self._front.health.unroutable,
                              "open": open_by.get(upstream.worker_id, 0),
                              "sticky_users": users.get(upstream.worker_id, 0),
                              "capacity": self.state.describe(upstream.worker_id)}

@@ -195,7 +195,7 @@ class ReExec:
             outputs: list[int] = []
             step = "the hand-over"
             try:
-                settled = await front_handover.settle(daemon.front, daemon.config.server.stop_timeout,
+                settled = await front_handover.settle(daemon.front.listening, daemon.config.server.stop_timeout,
                                                       time.monotonic)
                 state = self._state(settled, began, settled.stopped_accepting)
                 memfd = os.memfd_create("elasticd-state", 0)
@@ -231,7 +231,7 @@ class ReExec:
                     os.set_inheritable(fd, False)
             daemon.listeners.handover_failed()
             if settled is not None:  # (a settle that failed undid itself)
-                front_handover.resume(daemon.front, settled)
+                front_handover.resume(daemon.front.listening, settled)
             await daemon.front.start(daemon.listeners.dups("front"))
             daemon.notifier.ready(daemon.supervisor.summary())
             self.report = UpgradeReport(FAILED, self.generation, os.getpid(), __version__, "", error=error)

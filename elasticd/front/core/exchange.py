@@ -1,7 +1,7 @@
 """One request and its answer, as the front carries it: parsed head, routing, counters and its ``Phase``.
 
 The phase moves only through ``advance`` (the relay's table, ``relay.TRANSITIONS``); the counters entry is
-opened by ``forward`` and closed once, by the shell's ``Front.settle``. The same object is the
+opened by ``forward`` and closed once, by the shell's ``Forwarding.settle``. The same object is the
 open-requests entry of the forward counters (``user``, ``worker``, ``ts``): nothing is copied per request.
 """
 
