@@ -17,8 +17,9 @@ from setuptools import setup
 # collector, read once a scrape). Paths relative to the source tree, where pip and pybuild run this.
 COMPILED = [*sorted(str(path) for path in Path("elasticd/front/core").glob("*.py")),
             "elasticd/front/client.py", "elasticd/front/forwarding.py", "elasticd/front/links.py",
-            "elasticd/front/listening.py", "elasticd/front/server.py", "elasticd/front/upstream.py",
-            "elasticd/front/waiting.py", "elasticd/front/worker_health.py", "elasticd/front/worker_links.py"]
+            "elasticd/front/listening.py", "elasticd/front/queueing.py", "elasticd/front/server.py",
+            "elasticd/front/upstream.py", "elasticd/front/waiting.py", "elasticd/front/worker_health.py",
+            "elasticd/front/worker_links.py"]
 
 
 def ext_modules() -> list:

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/front_bench.py [--duration 10] [--connections 50] [--rounds 2] [--uvloop]
                                                [--pin] [--profile DIR] [--before CHECKOUT]
+                                               [--concurrency N]
 
 Starts one demo worker (``python -m elasticd.demo``, answering ``/``) on a Unix socket, then measures with wrk:
 
@@ -16,6 +17,10 @@ Starts one demo worker (``python -m elasticd.demo``, answering ``/``) on a Unix 
   (setup.py, ``ELASTICD_MYPYC=1``; built here into a temporary copy of the tree with the running
   interpreter's mypyc). ``--front source`` or ``--front compiled`` measures only one of the two.
   ``--before CHECKOUT`` adds another checkout's front, compiled, in the same rounds (a before and after).
+
+The front's group concurrency is the config's default (8) unless ``--concurrency`` says: with wrk's 50 connections,
+42 requests then wait in the front's group queue at any time (each freed slot handed over), where nginx forwards
+all 50 at once; ``--concurrency 64`` (nginx's ``keepalive 64``) measures the relay alone, the same work as nginx's.
 
 For each: requests per second, p50/p99 latency (wrk --latency), and the proxy's CPU time per request
 (user + system CPU of its processes over the run, from /proc, divided by the requests wrk completed), then
@@ -212,9 +217,10 @@ def measure(name: str, port: int, pids: list[int], args: argparse.Namespace, coo
 # ------------------------------------------------------------------------------------------ the front, served
 
 
-def serve_front(port: int, socket_path: str, use_uvloop: bool, tree: Path) -> None:
+def serve_front(port: int, socket_path: str, use_uvloop: bool, tree: Path, concurrency: int | None = None) -> None:
     """The front as the daemon runs it: quotas configured (never refusing here), stickiness, accounting;
-    imported from ``tree`` (the checkout, or a compiled copy of it)."""
+    imported from ``tree`` (the checkout, or a compiled copy of it). ``concurrency``: the group's (None: the
+    config's default, 8: with more connections than that, the rest wait in the front's group queue)."""
     sys.path.insert(0, str(tree))
     from elasticd.config.model import Address, Quotas
     from elasticd.front import AppRoute, Front, RouteTable, Upstream
@@ -222,7 +228,9 @@ def serve_front(port: int, socket_path: str, use_uvloop: bool, tree: Path) -> No
     upstreams = [Upstream("bench", socket_path)]
 
     async def main() -> None:
-        front = Front(Address("127.0.0.1", port), RouteTable({HOST: AppRoute("acme", "shop", "green")}),
+        route = (AppRoute("acme", "shop", "green") if concurrency is None
+                 else AppRoute("acme", "shop", "green", concurrency=(("green", concurrency),)))
+        front = Front(Address("127.0.0.1", port), RouteTable({HOST: route}),
                       lambda tenant, app, group: upstreams,
                       quotas={"acme": Quotas(max_concurrent_requests=10_000, requests_per_second=1e7,
                                              burst=10_000_000)},
@@ -247,7 +255,7 @@ def front_argv(args: argparse.Namespace, port: int, sock: str, tree: Path) -> li
     if args.front_command:
         return str(args.front_command).format(port=port, socket=sock).split()
     return [sys.executable, __file__, "--serve-front", str(port), sock, "--tree", str(tree)] + (
-        ["--uvloop"] if args.uvloop else [])
+        ["--uvloop"] if args.uvloop else []) + (["--concurrency", str(args.concurrency)] if args.concurrency else [])
 
 
 def run_rounds(args: argparse.Namespace, tmp: Path, sock: str) -> list[list[Result]]:
@@ -410,11 +418,14 @@ def main() -> int:
                              "(default)")
     parser.add_argument("--before", type=Path, help="another checkout whose compiled front is measured too, in the "
                         "same rounds (labelled 'before')")
+    parser.add_argument("--concurrency", type=int, help="the front's group concurrency (default: the config's, 8: "
+                        "with --connections 50, 42 requests wait in the front's queue at any time, where nginx "
+                        "forwards all 50; 64 compares the relay alone)")
     parser.add_argument("--serve-front", nargs=2, metavar=("PORT", "SOCKET"), help=argparse.SUPPRESS)
     parser.add_argument("--tree", type=Path, default=REPO, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_front:
-        serve_front(int(args.serve_front[0]), args.serve_front[1], args.uvloop, args.tree)
+        serve_front(int(args.serve_front[0]), args.serve_front[1], args.uvloop, args.tree, args.concurrency)
         return 0
     missing = [tool for tool in ("wrk", "nginx") if shutil.which(tool) is None]
     if missing:
