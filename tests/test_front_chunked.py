@@ -90,6 +90,6 @@ def test_requests_around_a_chunked_body_read_alike_however_cut(stream: bytes) ->
 def test_a_malformed_chunk_is_answered_400_in_its_turn() -> None:
     relay = ClientRelay(32 << 10)
     relay.receive(GET + b"POST /c HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
-    assert [ex.error for ex in relay.queue] == [None, (400, "bad request: a malformed chunk-size line (RFC 9112 "
-                                                             "§7.1: hex digits, then extensions)")]
+    first, second = relay.queue
+    assert first.error is None and second.error is not None and second.error[0] == 400  # (each parser says why)
     assert relay.draining
