@@ -45,9 +45,9 @@ class _ChunkedBodyFollows(Exception):
 class RequestReading:
     """A client connection's requests as they are read, for ``ClientRelay`` to serve."""
 
-    __slots__ = ("body_read", "chunks", "closing", "cur", "draining", "failure", "head_bytes", "head_tail", "link",
-                 "max_header_bytes", "method", "on_header", "parser", "pending", "queue", "reader", "started",
-                 "tunnel", "unparsed", "upgrading")
+    __slots__ = ("after_body", "body_read", "chunks", "closing", "cur", "draining", "failure", "head_bytes",
+                 "head_tail", "link", "max_header_bytes", "method", "on_header", "parser", "pending", "queue", "reader",
+                 "started", "tunnel", "unparsed", "upgrading")
 
     def __init__(self, max_header_bytes: int) -> None:
         self.max_header_bytes = max_header_bytes
@@ -75,9 +75,17 @@ class RequestReading:
         self.chunks: ChunkedBody | None = None
         self.body_read = 0
         self.head_tail = b""
+        self.after_body = b""  # the bytes of a read after such a body: the next requests', for a fresh parser
 
     def receive(self, data: bytes) -> int:
         """Bytes the client sent. Returns the effects (0, DISPATCH, or SERVE | CROWDED | TO_WORKER | FAIL | CLOSE)."""
+        effects = self._read(data)
+        while self.after_body:  # (a loop, not a recursion: one read may hold any number of chunked requests)
+            data, self.after_body = self.after_body, b""
+            effects = self._read(data)
+        return effects
+
+    def _read(self, data: bytes) -> int:
         if self.draining:
             return 0
         if self.upgrading is not None or self.tunnel is not None:
@@ -220,7 +228,8 @@ class RequestReading:
         self.chunks = None
         self.parser = httptools.HttpRequestParser(self)
         self.on_message_complete()
-        return self.receive(data[took:]) if took < len(data) else self._effects()
+        self.after_body = data[took:]  # (read by ``receive``'s loop)
+        return self._effects()
 
     def _after_upgrade_head(self, tail: bytes) -> int:
         """The parser stopped after a head it will not read past: an upgrade request (what follows is the new
