@@ -23,7 +23,8 @@ The front's group concurrency is the config's default (8) unless ``--concurrency
 all 50 at once; ``--concurrency 64`` (nginx's ``keepalive 64``) measures the relay alone, the same work as nginx's.
 
 For each: requests per second, p50/p99 latency (wrk --latency), and the proxy's CPU time per request
-(user + system CPU of its processes over the run, from /proc, divided by the requests wrk completed), then
+(user + system CPU of its processes over the run, from /proc, divided by the requests wrk completed; and of
+it the system time, the kernel's share: the socket calls both proxies make alike), then
 the ratios front/nginx. ``--rounds`` repeats the set and reports each round and the medians. All targets
 run at once (idle while another is measured) and each round measures them back to back, in reverse order
 every other round, so a front and nginx are compared over adjacent runs: on a shared machine the speed
@@ -72,6 +73,7 @@ class Result:
     requests: int
     errors: int
     cpu_us: float | None  # the proxy's CPU per request
+    sys_us: float | None = None  # of it, in the kernel (system time)
 
 
 def free_port() -> int:
@@ -105,12 +107,18 @@ def wait_unix(path: str, timeout: float = 10.0) -> None:
 
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU of these processes, from /proc/PID/stat (fields 14 and 15, in clock ticks)."""
+    return sum(cpu_split(pids))
+
+
+def cpu_split(pids: list[int]) -> tuple[float, float]:
+    """(user, system) CPU seconds of these processes."""
     ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
+    user = system = 0
     for pid in pids:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / ticks
+        user += int(fields[11])
+        system += int(fields[12])
+    return user / ticks, system / ticks
 
 
 def children(pid: int) -> list[int]:
@@ -208,10 +216,14 @@ def wrk(port: int, duration: float, connections: int, cookie: str | None, cpu: i
 
 def measure(name: str, port: int, pids: list[int], args: argparse.Namespace, cookie: str | None = None) -> Result:
     wrk(port, 1.0, args.connections, cookie, args.wrk_cpu)  # warm up: pools filled, code paths hot
-    before = cpu_seconds(pids) if pids else 0.0
+    before = cpu_split(pids)
     got = wrk(port, args.duration, args.connections, cookie, args.wrk_cpu)
-    cpu = (cpu_seconds(pids) - before) / got["requests"] * 1e6 if pids else None
-    return Result(name, got["rps"], got["p50"], got["p99"], int(got["requests"]), int(got["errors"]), cpu)
+    after = cpu_split(pids)
+    cpu = system = None
+    if pids:
+        cpu = (sum(after) - sum(before)) / got["requests"] * 1e6
+        system = (after[1] - before[1]) / got["requests"] * 1e6
+    return Result(name, got["rps"], got["p50"], got["p99"], int(got["requests"]), int(got["errors"]), cpu, system)
 
 
 # ------------------------------------------------------------------------------------------ the front, served
@@ -342,10 +354,12 @@ def hot_spots(path: Path, top: int = 15) -> str:
 
 
 def table(results: list[Result]) -> str:
-    lines = [f"{'':26} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU µs/req':>11} {'errors':>7}"]
+    lines = [f"{'':26} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU µs/req':>11} {'of it sys':>10} "
+             f"{'errors':>7}"]
     for r in results:
         cpu = f"{r.cpu_us:11.1f}" if r.cpu_us is not None else f"{'-':>11}"
-        lines.append(f"{r.name:26} {r.rps:9.0f} {r.p50_ms:8.2f} {r.p99_ms:8.2f} {cpu} {r.errors:7d}")
+        system = f"{r.sys_us:10.1f}" if r.sys_us is not None else f"{'-':>10}"
+        lines.append(f"{r.name:26} {r.rps:9.0f} {r.p50_ms:8.2f} {r.p99_ms:8.2f} {cpu} {system} {r.errors:7d}")
     return "\n".join(lines)
 
 
@@ -397,10 +411,12 @@ def median(rounds: list[list[Result]]) -> list[Result]:
     for i, first in enumerate(rounds[0]):
         same = [round_[i] for round_ in rounds]
         cpus = [r.cpu_us for r in same if r.cpu_us is not None]
+        systems = [r.sys_us for r in same if r.sys_us is not None]
         out.append(Result(first.name, statistics.median(r.rps for r in same),
                           statistics.median(r.p50_ms for r in same), statistics.median(r.p99_ms for r in same),
                           sum(r.requests for r in same), sum(r.errors for r in same),
-                          statistics.median(cpus) if cpus else None))
+                          statistics.median(cpus) if cpus else None,
+                          statistics.median(systems) if systems else None))
     return out
 
 

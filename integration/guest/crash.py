@@ -294,7 +294,7 @@ def _scenario() -> tuple[str, dict[str, Any]]:
     systemctl("set-property", "--runtime", UNIT, f"MemoryMax={max(using // 4, 4 << 20)}")
     try:
         # (the kernel kills it there, in the write.) The limit goes as soon as the main process has: systemd restarts
-        # the unit 2 s later (RestartSec=), and a limit still in place kills each next start's ExecStartPre= too, until
+        # the unit 2 s later (RestartSec=), and a limit still in place kills each next start too, until
         # systemd gives up (Debian 12, where its "killed by the OOM killer" line comes late, got there).
         killed = wait_for(lambda: _oom_kills() > oom_before or _main() != main_wd, 60, 0.1)
     finally:
@@ -321,7 +321,7 @@ def _scenario() -> tuple[str, dict[str, Any]]:
         f"{using >> 20} MiB): a new instance active {oom_seconds:.1f}s later, adopted both")
 
     # 5. systemd gives up: kills in a row until it refuses to start elasticd again (six starts, 10-15 s each under
-    # TCG, ExecStartPre's --check included). No instance lived to reach the keeper since the first kill: the keeper
+    # TCG). No instance lived to reach the keeper since the first kill: the keeper
     # stops the orphans once its bound (as long as systemd's start-limit interval) has passed since then.
     systemctl("reset-failed", UNIT)
     cursor = journal_cursor()

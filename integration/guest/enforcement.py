@@ -525,13 +525,33 @@ def s_modes() -> tuple[str, dict[str, Any]]:
         # Not delegated at all (a drop-in that turns Delegate= off): refused, naming that.
         why_nd, _ = _refused_start(small_config("required"), "[Service]\nDelegate=no\n")
         check("not delegated" in why_nd, f"the refusal does not say the cgroup is not delegated: {why_nd}")
+        _with_dropin(None)
+        why_bad, bad_s = _broken_file_start()
     finally:
         _with_dropin(None)
         stop_units()
     return (f"{KEEPER_UNIT} with ProtectControlGroups=yes (a read-only base), required: start failed after "
             f"{ro_s:.1f}s: \"{why_ro}\"; "
             f"auto there: 1 warning (\"{warnings[0][:90]}…\"), then served {code} unenforced; "
-            f"{KEEPER_UNIT} with Delegate=no, required: \"{why_nd}\"", {"auto_journal": journal})
+            f"{KEEPER_UNIT} with Delegate=no, required: \"{why_nd}\"; a broken file: start failed after {bad_s:.1f}s, "
+            f"\"{why_bad}\", no keeper started", {"auto_journal": journal})
+
+
+def _broken_file_start() -> tuple[str, float]:
+    """A start on a broken file fails naming the key and its line (the unit has no ExecStartPre= check: elasticd
+    checks its configuration before it does anything else), and the keeper is not started for it."""
+    stop_units()
+    write_config(small_config("auto").replace("{cpu: 50%}", "{cpu: lots}"))
+    cursor = journal_cursor()
+    result, seconds = timed(lambda: systemctl("start", UNIT))
+    journal = journal_since(cursor)
+    keeper = systemctl("is-active", KEEPER_UNIT).stdout.strip()
+    stop_units()  # (Restart=on-failure tries again every 2 s)
+    check(result.returncode != 0, "elasticd started on a broken file")
+    said = [ln.strip() for ln in journal.splitlines() if "resources.cpu (line" in ln]
+    check("invalid configuration" in journal and said, f"the journal does not name the broken key:\n{journal[-2000:]}")
+    check(keeper != "active", f"{KEEPER_UNIT} was started for a broken file ({keeper})")
+    return said[0][-120:], seconds
 
 
 def s_verify() -> tuple[str, dict[str, Any]]:

@@ -52,6 +52,7 @@ HOSTILE = FLOOD_ROOT / "hostile_worker.py"
 ATTACKS = [("flood", "chan", "channel-all", []), ("flood", "out", "stdout", ["--limit", "100000"]),
            ("hoard", "hold", "unannounced", [])]
 REQUESTS = 200  # the neighbour's requests per measurement, one after another
+BOUND = 0.1  # the neighbour's throughput under the attack, at least this share of before's (why: at the check)
 
 
 def _apps(tenant: str, attacks: bool) -> str:
@@ -207,9 +208,10 @@ def _scenario() -> tuple[str, dict[str, Any]]:
     check(not _refused("nbr"), f"the neighbour's worker was refused: {_refused('nbr')}")
     # Up to three windows under the attack, the best judged: the other guest CI runs at once on the host's two cores
     # only ever takes from a window (CI measured 0.25x on one release and failed the other, when the same attack
-    # alone measured 0.77x), while an attack that slows the neighbour slows every window.
+    # alone measured 0.77x), while an attack that slows the neighbour slows every window. The first window that
+    # meets the bound below ends it (each is 200 requests: 30 s at the 6-7 req/s a slow run measured).
     windows: list[tuple[dict[str, float], dict[str, float]]] = []
-    while len(windows) < 3 and not (windows and windows[-1][0]["rps"] >= 0.5 * before["rps"]):
+    while len(windows) < 3 and not (windows and windows[-1][0]["rps"] >= BOUND * before["rps"]):
         windows.append(_measured(pids))
     during, cpu_during = max(windows, key=lambda window: window[0]["rps"])
     fds_during = _fds(main)
@@ -222,7 +224,7 @@ def _scenario() -> tuple[str, dict[str, Any]]:
     # 0.41-1.25x, elasticd's own CPU flat while the guest's two CPUs were full of the attackers' and journald's; over
     # later runs 0.19-0.33x on trixie with journald at 79-89 % CPU (a run failed at 0.19x against a bound of 0.2x that
     # sat inside that spread). 0.1x keeps 2.5 times the margin over the unbounded channel's 0.04x it guards against.
-    check(during["rps"] >= 0.1 * before["rps"], f"the neighbour's throughput fell from {before['rps']:.0f} to "
+    check(during["rps"] >= BOUND * before["rps"], f"the neighbour's throughput fell from {before['rps']:.0f} to "
           f"{during['rps']:.0f} requests a second under the attack (best of {len(windows)} windows: "
           f"{[round(w[0]['rps'], 1) for w in windows]}); CPU % before {cpu_before}, during {cpu_during}")
 
