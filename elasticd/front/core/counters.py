@@ -212,7 +212,9 @@ class ForwardCounters:
                stats: RouteStats) -> None:
         """A forwarded request ended: answered with ``status`` (the front's own 502/504, or 499 when the
         client left first) after ``seconds``."""
-        self.open.pop(request_id, None)
+        open_ = self.open
+        if request_id in open_:  # (not .pop(request_id, None): mypyc calls that by name, these two it does not)
+            del open_[request_id]
         counters.in_flight -= 1  # ended(), inlined
         if self.saturated and counters.in_flight < counters.concurrency and counters.worker in self.saturated:
             self.has_room(counters)

@@ -62,7 +62,7 @@ _DECIDED: Final = 4096  # names a kinds table keeps its decision for, past the l
 def _unlisted(name: bytes, lower: bytes, trusted: bool, kinds: dict[bytes, int]) -> int:
     """The kind of a field name the table does not list, kept in it (up to ``_DECIDED`` names: random names from a
     hostile client are decided each time, not kept) so that the next request's same field is one lookup."""
-    if b"_" in name:
+    if 0x5F in name:  # "_" (an int: see request_reading._HASH)
         # A name with "_" reads, CGI-style (HTTP_TRANSFER_ENCODING), as the one with "-": an app reading headers so
         # could not tell "Transfer_Encoding" from the real one, nor "X_Forwarded_For" from the front's. Dropped as
         # nginx does (underscores_in_headers off) unless server.underscored_headers: keep (a per-config choice:
@@ -261,7 +261,7 @@ def head_refusal(head: RequestHead, method: bytes, url: bytes, http11: bool,
             return 400, "a Transfer-Encoding whose last coding is not chunked: the body's length is unknown", url
     if head.hosts > 1:
         return 400, "a request with more than one Host header", url
-    if b"#" in url:  # (§3.2: a target has no fragment; a worker's router would read one as part of its path)
+    if 0x23 in url:  # "#" (§3.2: a target has no fragment; a worker's router would read one as part of its path)
         return 400, "a request target with a fragment (#)", url
     if method == b"CONNECT":
         return 501, "CONNECT is not supported", url
@@ -281,7 +281,7 @@ def head_refusal(head: RequestHead, method: bytes, url: bytes, http11: bool,
                 if 0 <= found < end:
                     end = found
             authority, target = rest[:end], rest[end:]
-            if not authority or b"@" in authority:
+            if not authority or 0x40 in authority:  # "@"
                 return 400, "an absolute-form target needs a host and no userinfo", url
             if not target.startswith(b"/"):
                 target = b"/" + target

@@ -39,6 +39,21 @@ _RESPONSE_KINDS.update({
 })
 
 
+_PASSED: Final = -1  # a field the client gets as it came
+# The kinds of the names as workers spell them ("Content-Type", "content-length"...): a worker's are few, and a hit
+# saves lowering the name (a new bytes, and a call mypyc makes by name) for every header of every answer. Up to
+# ``_SPELLINGS`` names: past them (a worker sending random names) each is lowered and looked up again, never kept.
+_KINDS_AS_SENT: Final[dict[bytes, int]] = {}
+_SPELLINGS: Final = 4096
+
+
+def _kind(name: bytes) -> int:
+    kind = _RESPONSE_KINDS.get(name.lower(), _PASSED)
+    if len(_KINDS_AS_SENT) < _SPELLINGS:
+        _KINDS_AS_SENT[name] = kind
+    return kind
+
+
 def chunk(data: bytes) -> tuple[bytes, bytes, bytes]:
     return (b"%x\r\n" % len(data), data, b"\r\n")
 
@@ -125,8 +140,10 @@ class ResponseReader:
             raise self._refused()
         if self.between:
             return  # a trailer field: dropped (a login or a header would otherwise reach the next answer)
-        kind = _RESPONSE_KINDS.get(name.lower())
-        if kind is None:
+        kind = _KINDS_AS_SENT.get(name, _PASSED - 1)
+        if kind < _PASSED:
+            kind = _kind(name)
+        if kind == _PASSED:
             self.lines.extend((name, b": ", value, b"\r\n"))
         elif kind == CONTENT_LENGTH:
             self.length = value
