@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from elasticd.front.core.bounds import HEAD_TIME
 from elasticd.front.core.connection import (
@@ -41,9 +41,7 @@ from elasticd.front.core.relay import (
     TIMEOUT_CUT,
     RelayError,
 )
-
-if TYPE_CHECKING:
-    from elasticd.front.links import FrontSide, ListeningSide, WorkerSide
+from elasticd.front.links import ClientSide, FrontSide, ListeningSide, WorkerSide
 
 __all__ = ["ClientConn"]
 
@@ -53,8 +51,8 @@ _LINGER: Final = 2.0  # seconds a closing connection still reads (and drops) wha
 
 
 
-class ClientConn(asyncio.Protocol):
-    __slots__ = ("active_at", "clock", "front", "listening", "peer", "relay", "transport", "tunnel_user")
+class ClientConn(ClientSide):
+    __slots__ = ("front", "listening", "peer", "relay", "tunnel_user")  # (and ClientSide's)
 
     def __init__(self, listening: ListeningSide, front: FrontSide) -> None:
         self.listening = listening  # the listener that accepted it: its terms, and whether the front stops

@@ -24,6 +24,7 @@ from elasticd.front.core.quota import QuotaBook
 from elasticd.front.core.relay import EVENT_FAIL, EVENT_REFUSE, Event
 from elasticd.front.core.routing import AppRoute, RouteTable
 from elasticd.front.core.sticky import PlaceFn, Surface, place
+from elasticd.front.links import FrontSide
 from elasticd.front.upstream import ConnectionPool, Upstream
 from elasticd.front.waiting import WaitingRequests
 from elasticd.front.worker_health import WorkerHealth
@@ -38,7 +39,7 @@ _MAX_HOSTS: Final = 1024  # Host header values remembered with their route (a fl
 _ANSWERED_HERE: Final = (Refuse, Moving, Wake, NoRoom, Queued)  # what dispatch.decide answers but a forward
 
 
-class Forwarding:
+class Forwarding(FrontSide):
     __slots__ = ("_full", "_pools", "_quotas", "_targets", "_unroutable", "_workers", "clock", "forwards", "health",
                  "kept", "on_backoff", "on_login", "place", "routes", "surface", "waiting", "wake", "worker_links")
 

@@ -20,14 +20,14 @@ from elasticd.config.model import Address
 from elasticd.front import serving
 from elasticd.front.client import ClientConn
 from elasticd.front.core.relay import RelayError
-from elasticd.front.links import FrontSide
+from elasticd.front.links import FrontSide, ListeningSide
 from elasticd.front.upstream import UpstreamConn
 from elasticd.listeners import bind_tcp
 
 __all__ = ["Listening"]
 
 
-class Listening:
+class Listening(ListeningSide):
     __slots__ = ("_servers", "address", "carried", "clock", "closing", "conns", "forwarding", "keep_underscored",
                  "max_header_bytes", "port", "stopping", "trusts")
 

@@ -30,10 +30,10 @@ from elasticd.front.core.answer import (
 from elasticd.front.core.bounds import DEFAULT_CONCURRENCY, MAX_WAITING, connection_bound, idle_bound
 from elasticd.front.core.counters import WorkerCounters
 from elasticd.front.core.relay import PHASE_FORWARDING, RelayError
+from elasticd.front.links import ClientSide
 
 if TYPE_CHECKING:
     from elasticd.front.core.exchange import Exchange
-    from elasticd.front.links import ClientSide
 
 __all__ = ["ConnectionPool", "Upstream", "UpstreamConn"]
 
