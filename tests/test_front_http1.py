@@ -388,3 +388,43 @@ def test_the_decisions_kept_for_unlisted_names_are_bounded_and_right_past_the_bo
     assert len(request_head._REQUEST_KINDS) <= request_head._DECIDED
     late = read_request([(b"X-Forwarded-Late", b"1"), (b"X-Late-Plain", b"2"), (b"X-Late ", b"3")], True, False)
     assert late.lines == [b"X-Late-Plain", b": ", b"2", b"\r\n"] and late.malformed is not None
+
+
+def test_a_long_field_name_is_decided_each_time_and_never_kept() -> None:
+    """Only names of up to _KEPT_NAME bytes are kept: a client's 4,096 names of a head's size each would otherwise
+    stay in the front's memory for its life."""
+    from elasticd.front.core import request_head
+
+    long_name = b"X-Long-" + b"a" * request_head._KEPT_NAME
+    for _ in range(2):
+        head = read_request([(long_name, b"1")], True, False)
+        assert head.lines == [long_name, b": ", b"1", b"\r\n"]
+    assert long_name.lower() not in request_head._REQUEST_KINDS
+    forwarded = b"X-Forwarded-" + b"b" * request_head._KEPT_NAME  # decided as what it is all the same
+    assert read_request([(forwarded, b"1")], False, False).lines == []
+
+
+def test_the_answers_field_kinds_are_kept_by_spelling_bounded_and_right_past_the_bound() -> None:
+    """A worker's header names are decided once per spelling (no lowering per header of every answer); a hostile
+    worker's random or long names stop being kept at the bounds, and are still decided."""
+    from elasticd.front.core import response_head
+
+    def framing(headers: list[tuple[bytes, bytes]]) -> int:
+        return read_response(200, None, headers, True, head_request=False, client11=True,
+                             client_keep_alive=True).framing
+
+    for spelling in (b"Content-Length", b"CONTENT-LENGTH", b"content-length", b"cOnTeNt-LeNgTh"):
+        assert framing([(spelling, b"3")]) == LENGTH
+        assert framing([(spelling, b"3")]) == LENGTH  # (the second time from the kept spelling)
+    long_name = b"X-Long-" + b"a" * response_head._KEPT_NAME
+    assert long_name + b": 1\r\n" in read_response(200, None, [(long_name, b"1")], True, head_request=False,
+                                                   client11=True, client_keep_alive=True).head
+    assert long_name not in response_head._KINDS_AS_SENT
+    for i in range(response_head._SPELLINGS + 100):
+        read_response(200, None, [(b"X-Random-%d" % i, b"1")], True, head_request=False, client11=True,
+                      client_keep_alive=True)
+    assert len(response_head._KINDS_AS_SENT) <= response_head._SPELLINGS
+    assert framing([(b"TRANSFER-encoding", b"chunked")]) == CHUNK  # decided past the bound
+    answer = read_response(200, None, [(b"CONNECTION", b"close"), (b"Keep-ALIVE", b"5"), (b"Content-Length", b"0")],
+                           True, head_request=False, client11=True, client_keep_alive=True)
+    assert answer.reusable is False and b"keep-alive" not in answer.head.lower()

@@ -57,6 +57,9 @@ _SAID_BY_PROXIES: Final = b"x-forwarded-"
 
 
 _DECIDED: Final = 4096  # names a kinds table keeps its decision for, past the listed ones (a client's own are many)
+# Only names up to this long are kept: real ones are (the longest common ones are under 40 bytes), and a client
+# sending 4,096 names of a head's size each would otherwise keep tens of MiB in the front for its life.
+_KEPT_NAME: Final = 64
 
 
 def _unlisted(name: bytes, lower: bytes, trusted: bool, kinds: dict[bytes, int]) -> int:
@@ -74,7 +77,7 @@ def _unlisted(name: bytes, lower: bytes, trusted: bool, kinds: dict[bytes, int])
         kind = DROP
     else:
         kind = PLAIN
-    if len(kinds) < _DECIDED:
+    if len(kinds) < _DECIDED and len(name) <= _KEPT_NAME:
         kinds[lower] = kind
     return kind
 

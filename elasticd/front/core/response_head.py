@@ -42,14 +42,16 @@ _RESPONSE_KINDS.update({
 _PASSED: Final = -1  # a field the client gets as it came
 # The kinds of the names as workers spell them ("Content-Type", "content-length"...): a worker's are few, and a hit
 # saves lowering the name (a new bytes, and a call mypyc makes by name) for every header of every answer. Up to
-# ``_SPELLINGS`` names: past them (a worker sending random names) each is lowered and looked up again, never kept.
+# ``_SPELLINGS`` names of at most ``_KEPT_NAME`` bytes: past them (a worker sending random or long names) each is
+# lowered and looked up again, never kept (so that a hostile worker's names cannot fill the front's memory).
 _KINDS_AS_SENT: Final[dict[bytes, int]] = {}
 _SPELLINGS: Final = 4096
+_KEPT_NAME: Final = 64
 
 
 def _kind(name: bytes) -> int:
     kind = _RESPONSE_KINDS.get(name.lower(), _PASSED)
-    if len(_KINDS_AS_SENT) < _SPELLINGS:
+    if len(_KINDS_AS_SENT) < _SPELLINGS and len(name) <= _KEPT_NAME:
         _KINDS_AS_SENT[name] = kind
     return kind
 
