@@ -52,7 +52,7 @@ _LINGER: Final = 2.0  # seconds a closing connection still reads (and drops) wha
 
 
 class ClientConn(ClientSide):
-    __slots__ = ("front", "listening", "peer", "relay", "tunnel_user")  # (and ClientSide's)
+    __slots__ = ("active_at", "front", "listening", "peer", "relay", "tunnel_user")  # (and ClientSide's)
 
     def __init__(self, listening: ListeningSide, front: FrontSide) -> None:
         self.listening = listening  # the listener that accepted it: its terms, and whether the front stops
@@ -108,6 +108,10 @@ class ClientConn(ClientSide):
         link = self._answering_link()
         if link is not None:
             link.resume()
+
+    def stamp(self) -> float:
+        self.active_at = now = self.clock()
+        return now
 
     def _answering_link(self) -> WorkerSide | None:
         relay = self.relay

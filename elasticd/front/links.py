@@ -35,11 +35,16 @@ class ClientSide(asyncio.Protocol):
     """The client connection (``client.ClientConn``), as a worker connection streams an answer to it. (An asyncio
     Protocol: the event loop's side of the connection is the class's.)"""
 
-    __slots__ = ("active_at", "clock", "transport")
+    __slots__ = ("clock", "transport")
 
-    active_at: float  # the instant a byte last moved either way (the worker side stamps its answer's)
+    # (No float attribute here: Debian 13's mypyc, 1.15, fails to build a subclass that sets a float its base
+    # declares, "value is not in list" in its attribute bitmap; ``stamp`` sets the client's own.)
     clock: Callable[[], float]
     transport: asyncio.Transport | None  # the client's, None once it is lost (the worker side writes to it)
+
+    def stamp(self) -> float:
+        """Now, on the client's clock, kept as its last activity (the worker side's answer bytes came)."""
+        raise NotImplementedError
 
     def write(self, data: bytes) -> None:
         raise NotImplementedError

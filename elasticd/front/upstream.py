@@ -123,7 +123,7 @@ class UpstreamConn(asyncio.Protocol):
         self.pool.lost(self)
         if client is None or ex is None:
             return
-        client.active_at = client.clock()  # an answer that ends with the close ends now
+        client.stamp()  # an answer that ends with the close ends now
         try:
             self._carry_out(relay.lost(exc), client, ex, b"")
         except RelayError as error:
@@ -143,7 +143,7 @@ class UpstreamConn(asyncio.Protocol):
         if client is None or ex is None:
             self.close()  # nobody asked: a worker speaking out of turn gets its connection closed
             return
-        client.active_at = now = client.clock()
+        now = client.stamp()
         try:
             effects = relay.receive(data, now)
             if effects == _ANSWERED_WHOLE:  # the common case, carried out inline: once per request
