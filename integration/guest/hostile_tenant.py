@@ -200,10 +200,11 @@ def _scenario() -> tuple[str, dict[str, Any]]:
     peaceful = _worker_ids(status())
     write_config(_config(attacks=True))
     # The reload replaces each attacker's group (a new command): its new worker must be routable within elasticd's
-    # 30 s, or "the new definition did not start; the previous workers keep serving". Under TCG the two new Python
-    # workers of flood share its half CPU with each other (one a stdout flood once up), and a run saw that happen:
-    # the peaceful workers kept serving, no attack began, and the scenario waited for refusals in vain. So the
-    # reload is asked again (as an operator would) until the attackers are the ones running, up to three times.
+    # 30 s, or "the new definition did not start; the previous workers keep serving". Under TCG three fresh Python
+    # workers at once, in their tenants' half and quarter of a CPU, may take longer: a full run saw it on Debian 13
+    # (the peaceful workers kept serving, no attack began, the scenario waited for refusals in vain), and the next
+    # run on Debian 12 (all three "not routable (starting) after 30s"; the second reload armed them). So the reload
+    # is asked again (as an operator would) until the attackers are the ones running, up to three times.
     for _ in range(3):
         reloaded = systemctl("reload", UNIT)
         check(reloaded.returncode == 0, f"systemctl reload failed: {reloaded.stderr.strip()}")
