@@ -34,6 +34,12 @@ RETRY: Final = 13  # Retry-After: passed on, and read as a back-off when the ans
 UNDERSCORED: Final = 14  # a request's name with "_" (request_head.py says why it is dropped)
 MALFORMED: Final = 15  # a request's name no parser should have passed
 NOT_NAMES: Final = frozenset({b"close", b"keep-alive", b"upgrade", b""})  # Connection tokens that name no header
+# The decisions kept per field name (the request side's table and the answer side's): at most NAMES_KEPT names, each of
+# at most NAME_KEPT bytes. Real names are few and short (the longest common ones under 40 bytes); random ones from a
+# hostile client or worker are decided each time, and 4,096 names of a head's size each would otherwise keep tens of
+# MiB in the front for its life.
+NAMES_KEPT: Final = 4096
+NAME_KEPT: Final = 64
 
 
 def is_http11(parser: Any, tokens: list[bytes] | None) -> bool:

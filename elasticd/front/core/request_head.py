@@ -20,6 +20,8 @@ from elasticd.front.core.fields import (
     HOP,
     HOST,
     MALFORMED,
+    NAME_KEPT,
+    NAMES_KEPT,
     NOT_NAMES,
     PLAIN,
     TE,
@@ -56,10 +58,8 @@ _REQUEST_KINDS.update({name: DROP for name in (b"x-forwarded-for", b"x-forwarded
 _SAID_BY_PROXIES: Final = b"x-forwarded-"
 
 
-_DECIDED: Final = 4096  # names a kinds table keeps its decision for, past the listed ones (a client's own are many)
-# Only names up to this long are kept: real ones are (the longest common ones are under 40 bytes), and a client
-# sending 4,096 names of a head's size each would otherwise keep tens of MiB in the front for its life.
-_KEPT_NAME: Final = 64
+_DECIDED: Final = NAMES_KEPT  # names a kinds table keeps its decision for, past the listed ones (fields.py says why)
+_KEPT_NAME: Final = NAME_KEPT
 
 
 def _unlisted(name: bytes, lower: bytes, trusted: bool, kinds: dict[bytes, int]) -> int:

@@ -21,6 +21,8 @@ from elasticd.front.core.fields import (
     HOP,
     LENGTH,
     LOGIN,
+    NAME_KEPT,
+    NAMES_KEPT,
     NONE,
     NOT_NAMES,
     RETRY,
@@ -41,12 +43,11 @@ _RESPONSE_KINDS.update({
 
 _PASSED: Final = -1  # a field the client gets as it came
 # The kinds of the names as workers spell them ("Content-Type", "content-length"...): a worker's are few, and a hit
-# saves lowering the name (a new bytes, and a call mypyc makes by name) for every header of every answer. Up to
-# ``_SPELLINGS`` names of at most ``_KEPT_NAME`` bytes: past them (a worker sending random or long names) each is
-# lowered and looked up again, never kept (so that a hostile worker's names cannot fill the front's memory).
+# saves lowering the name (a new bytes, and a call mypyc makes by name) for every header of every answer. Bounded as
+# the request side's table (fields.py): past the bounds each name is lowered and looked up again, never kept.
 _KINDS_AS_SENT: Final[dict[bytes, int]] = {}
-_SPELLINGS: Final = 4096
-_KEPT_NAME: Final = 64
+_SPELLINGS: Final = NAMES_KEPT
+_KEPT_NAME: Final = NAME_KEPT
 
 
 def _kind(name: bytes) -> int:
