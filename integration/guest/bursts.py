@@ -25,6 +25,7 @@ from typing import Any
 from common import (
     BASE,
     UNIT,
+    PoolWatch,
     check,
     elasticctl_json,
     front,
@@ -151,9 +152,13 @@ def _recycled_before_oom() -> tuple[str, dict[str, Any]]:
     answers: Counter[int | None] = Counter()
     started = time.monotonic()
 
+    # Polled from the admin socket (what `elasticctl pool --json` prints), not by the command: its Python start-up,
+    # ~2 s of a guest CPU under TCG at every poll, competed with the replacement starting in its 30 %.
+    watch = PoolWatch(TENANT, APP, GROUP)
+
     def recycled() -> dict[str, Any] | None:
-        pool = elasticctl_json("pool", f"{TENANT}/{APP}", "--json")["groups"][GROUP]
-        decisions = [d for d in pool["decisions"] if d["decision"] == "recycle"]
+        watch()
+        decisions = [d for d in watch.decisions() if d["decision"] == "recycle"]
         now = _worker()
         return {"decision": decisions[-1], "worker": now} if decisions and now and now["pid"] != old["pid"] else None
 
@@ -168,8 +173,10 @@ def _recycled_before_oom() -> tuple[str, dict[str, Any]]:
     # neither release's replacement was running 90 s after the decision.)
     done = done or wait_for(recycled, 240, 0.5)
     check(done, f"no recycle within 60 s (and its replacement within 240 s more): answers {dict(answers)}, pool "
-          f"{elasticctl_json('pool', f'{TENANT}/{APP}', '--json')['groups'][GROUP]['decisions'][-5:]}")
+          f"{watch.decisions()[-5:]}")
     assert done is not None
+    shown = elasticctl_json("pool", f"{TENANT}/{APP}")["groups"][GROUP]["decisions"]
+    check(any(d["decision"] == "recycle" for d in shown), f"elasticctl pool --json shows no recycle: {shown[-5:]}")
     gone = wait_for(lambda: not Path(f"/proc/{old['pid']}").exists(), 30, 0.2)
     check(gone, f"the recycled worker (pid {old['pid']}) is still alive")
     kills = read_kv(tenant_cgroup / "memory.events").get("oom_kill", 0)

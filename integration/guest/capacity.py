@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    admin,
     browse,
     check,
     elasticctl_json,
@@ -61,8 +62,11 @@ tenants:
 
 
 def _workers() -> dict[str, dict[str, Any]]:
-    pool = elasticctl_json("pool", f"{TENANT}/{APP}")["groups"][GROUP]
-    return {w["id"]: w for w in pool["workers"]}
+    """The group's workers by id, from the admin socket (what `elasticctl pool --json` prints, polled without its
+    Python start-up: ~2 s of a guest CPU under TCG for every poll, beside the probes being measured)."""
+    code, data = admin("GET", f"/v1/apps/{TENANT}/{APP}/pool", timeout=30)
+    check(code == 200, f"GET /v1/apps/{TENANT}/{APP}/pool answered {code}: {data}")
+    return {w["id"]: w for w in data["groups"][GROUP]["workers"]}
 
 
 def _reading(worker: str) -> dict[str, Any] | None:
@@ -92,6 +96,10 @@ def s_capacity() -> tuple[str, dict[str, Any]]:
                              group=GROUP))
     both = wait_for(lambda: all(_reading(w) is not None for w in (RECEPTION, OTHER)), 90, 0.5)
     check(both, f"no capacity reading for both workers: {json.dumps(_workers())[:2000]}")
+    # The operator's command shows the same readings.
+    shown = {w["id"]: w for w in elasticctl_json("pool", f"{TENANT}/{APP}")["groups"][GROUP]["workers"]}
+    check(all((shown.get(w, {}).get("capacity") or {}).get("readings") for w in (RECEPTION, OTHER)),
+          f"elasticctl pool --json shows no capacity reading for both workers: {json.dumps(shown)[:2000]}")
 
     # Work the front does not see: two requests straight to the reception's socket (its concurrency is 2).
     done: list[bytes] = []
