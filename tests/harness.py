@@ -31,10 +31,14 @@ PYTHON = sys.executable
 # bind(0) gave and the test then released could be taken, before the server binds it, by any outgoing connection
 # (a worker's, a client's), which draws from that range; and two calls could return the same just-released port.
 # Once in a clean-clone run a daemon's front failed on "address already in use" that way.
-# ./dev test runs two suites at once on one loopback (the sources', and Debian 13's in its test root): each is given
-# its half in ELASTICD_TEST_PORTS ("LOW-HIGH"), so that neither can take a port the other just found free.
-_LOW, _HIGH = (int(p) for p in os.environ.get("ELASTICD_TEST_PORTS", "20000-32767").split("-"))
-_PORTS = range(_LOW, _HIGH + 1)
+_ALL_PORTS = range(20000, 32768)
+# ./dev test runs two suites at once on one loopback (the sources', and Debian 13's in its test root): each takes its
+# half, ELASTICD_TEST_PORTS=lower or upper, so that neither can take a port the other just found free.
+_HALVES = {"": _ALL_PORTS, "lower": _ALL_PORTS[:len(_ALL_PORTS) // 2], "upper": _ALL_PORTS[len(_ALL_PORTS) // 2:]}
+_half = os.environ.get("ELASTICD_TEST_PORTS", "")
+if _half not in _HALVES:
+    raise RuntimeError(f"ELASTICD_TEST_PORTS={_half!r}: name the half of the tests' ports, lower or upper (or unset)")
+_PORTS = _HALVES[_half]
 _given: set[int] = set()
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (
-    admin,
+    PoolWatch,
     browse,
     check,
     elasticctl_json,
@@ -64,9 +64,7 @@ tenants:
 def _workers() -> dict[str, dict[str, Any]]:
     """The group's workers by id, from the admin socket (what `elasticctl pool --json` prints, polled without its
     Python start-up: ~2 s of a guest CPU under TCG for every poll, beside the probes being measured)."""
-    code, data = admin("GET", f"/v1/apps/{TENANT}/{APP}/pool", timeout=30)
-    check(code == 200, f"GET /v1/apps/{TENANT}/{APP}/pool answered {code}: {data}")
-    return {w["id"]: w for w in data["groups"][GROUP]["workers"]}
+    return {w["id"]: w for w in PoolWatch(TENANT, APP, GROUP)()["workers"]}
 
 
 def _reading(worker: str) -> dict[str, Any] | None:
