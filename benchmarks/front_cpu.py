@@ -2,7 +2,7 @@
 kernel and the event loop.
 
     .venv/bin/python benchmarks/front_cpu.py [--requests 60000] [--rounds 6] [--repo PATH ...] [--compiled]
-                                             [--probe]
+                                             [--probe] [--queued]
 
 One client connection and one pooled worker connection, both on fake transports: a request's bytes go into
 the client side, the worker's answer's bytes into the worker side, and that is repeated, with the quota,
@@ -17,6 +17,10 @@ epoll, about 6 µs a request here) is measured by front_bench.py against nginx, 
 ``--probe`` adds each user with capacity admission at work (issue 16): the group's reception has a capacity
 reading that says it is full, so every request is admitted past it — the front reads the cached refusal and
 never a probe (the probes poll on their own timer).
+
+``--queued`` adds each user with every request waiting in the group's queue (the front's config default, 8, with
+more clients than that: front_bench.py's default, 42 waiting): a group of concurrency 1 and 43 clients, so each
+request is queued behind 41 others, and handed the freed slot in the loop's next turn when its turn comes.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ USER = "0123456789abcdef0123456789abcdef"
 _ONE_RUN = r'''
 import asyncio, sys, time
 sys.path.insert(0, sys.argv[1])
-N, RETURNING, PROBE = int(sys.argv[2]), sys.argv[3] == "returning", sys.argv[5] == "probe"
+N, RETURNING, PROBE, QUEUED = (int(sys.argv[2]), sys.argv[3] == "returning", sys.argv[5] == "probe",
+                               sys.argv[5] == "queued")
 try:
     from elasticd.config.model import Address, Quotas
 except ImportError:  # a checkout from before config/ was a package
@@ -65,7 +70,9 @@ async def main():
     upstreams = [Upstream("bench", "/nonexistent.sock")]
     if PROBE:
         upstreams.insert(0, Upstream("full", "/nonexistent-full.sock"))
-    front = Front(Address("127.0.0.1", 0), RouteTable({"bench.localhost": AppRoute("acme", "shop", "green")}),
+    route = (AppRoute("acme", "shop", "green", concurrency=(("green", 1),)) if QUEUED
+             else AppRoute("acme", "shop", "green"))
+    front = Front(Address("127.0.0.1", 0), RouteTable({"bench.localhost": route}),
                   lambda tenant, app, group: upstreams,
                   quotas={"acme": Quotas(max_concurrent_requests=10_000, requests_per_second=1e9, burst=10_000_000)})
     front.surface.assign(USER, "bench", front.clock())
@@ -76,15 +83,55 @@ async def main():
             return
         health.full["full"] = (float("inf"), 1, 1.0)
     books = getattr(front, "forwards", None) or getattr(front, "accounting")
-    pool = Pool(upstreams[-1], books.worker("bench"))
-    pools = front.worker_links.pools if hasattr(front, "worker_links") else front._pools
-    pools["bench"] = pool
+    if QUEUED and hasattr(front, "waiting"):  # the pool as the front makes it: its worker bound to the group's slots
+        pool = front.worker_links.new_pool(upstreams[-1], route, "green")
+    else:
+        pool = Pool(upstreams[-1], books.worker("bench"))
+        pools = front.worker_links.pools if hasattr(front, "worker_links") else front._pools
+        pools["bench"] = pool
     worker = upstream.UpstreamConn(pool)
     worker.connection_made(Transport())
     pool.idle.append(worker)
     pool.conns.add(worker)
-    client = front.listening.connection() if hasattr(front, "listening") else ClientConn(front)
-    client.connection_made(Transport())
+    def connection():
+        client = front.listening.connection() if hasattr(front, "listening") else ClientConn(front)
+        client.connection_made(Transport())
+        return client
+    client = connection()
+    if QUEUED:
+        if not hasattr(front, "waiting"):  # a checkout from before the group queue
+            print("nan")
+            return
+        # A group of concurrency 1 and 43 clients: one request in flight, 42 waiting in the group's queue (as
+        # front_bench.py's default: wrk's 50 connections, the config's concurrency of 8). Each answer frees the
+        # slot, the loop's next turn hands it to the oldest waiting request, and the answered client asks again, at
+        # the queue's tail: every request is queued once and handed over once.
+        clients = [client] + [connection() for _ in range(42)]
+        for each in clients:
+            each.data_received(REQUEST)
+        async def pair():
+            for turn in clients:
+                worker.data_received(ANSWER)  # the one in flight is answered: its slot comes free
+                await asyncio.sleep(0)  # the hand-over's turn of the loop: the oldest waiting request goes
+                turn.data_received(REQUEST)  # its client asks again, and waits
+        rounds = N // len(clients)
+        for _ in range(5000 // len(clients)):
+            await pair()
+        started = time.process_time()
+        for _ in range(rounds):
+            await pair()
+        spent = time.process_time() - started
+        # Less the benchmark's own task steps (a coroutine resumed after each sleep(0)), which the front does not
+        # have: its hand-over runs as a plain callback of the loop.
+        started = time.process_time()
+        for _ in range(rounds * len(clients)):
+            await asyncio.sleep(0)
+        spent -= time.process_time() - started
+        waited = front.forwards.queue("acme/shop/green").count
+        if waited < rounds * len(clients):  # every measured request (and the warm-up's) went through the queue
+            raise SystemExit(f"only {waited} requests waited in the queue: the benchmark is broken")
+        print(spent / (rounds * len(clients)) * 1e6)
+        return
     def one():
         client.data_received(REQUEST)
         worker.data_received(ANSWER)
@@ -95,6 +142,12 @@ async def main():
         one()
     print((time.process_time() - started) / N * 1e6)
 
+if QUEUED:  # the hand-over takes a turn of the loop: the one the daemon's front runs on
+    try:
+        import uvloop
+        uvloop.install()
+    except ImportError:
+        pass
 asyncio.run(main())
 '''
 
@@ -112,6 +165,8 @@ def main() -> int:
     parser.add_argument("--repo", type=Path, action="append", help="a checkout to measure (default: this one)")
     parser.add_argument("--compiled", action="store_true", help="also each checkout's front compiled with mypyc")
     parser.add_argument("--probe", action="store_true", help="also with a capacity reading refusing the reception")
+    parser.add_argument("--queued", action="store_true",
+                        help="also with every request waiting in the group's queue (concurrency 1, two clients)")
     args = parser.parse_args()
     repos = args.repo or [REPO]
     with tempfile.TemporaryDirectory(prefix="front-cpu-") as where:
@@ -124,7 +179,7 @@ def main() -> int:
 
 def report(repos: list[Path], args: argparse.Namespace) -> None:
     figures: dict[tuple[Path, str, str], list[float]] = {}
-    probes = ("none", "probe") if args.probe else ("none",)
+    probes = ("none",) + (("probe",) if args.probe else ()) + (("queued",) if args.queued else ())
     for _ in range(args.rounds):
         for repo in repos:
             for who in ("new", "returning"):
@@ -135,7 +190,7 @@ def report(repos: list[Path], args: argparse.Namespace) -> None:
         values = [v for v in values if v == v]  # (nan: that checkout has no capacity admission)
         if not values:
             continue
-        label = f"{who} {'+ full reading' if probe == 'probe' else ''}"
+        label = f"{who} {({'probe': '+ full reading', 'queued': '+ queued'}).get(probe, '')}"
         print(f"  {repo!s:40} {label:25} min {min(values):5.2f}  median {statistics.median(values):5.2f}")
 
 

@@ -85,12 +85,14 @@ def _parked(lot: ParkingLot[str], rows: list[tuple[str, str, float]]) -> dict[st
     return exchanges
 
 
-# (name, parked: (client, wants, when), the freed worker, who takes the slot)
+# (name, parked: (client, wants, when), the freed worker, who takes the slot; the group's workers are w1 and w2)
 TAKES = [
     ("the oldest that wants any", [("a", "", 1.0), ("b", "", 2.0)], "w1", "a"),
     ("the oldest that wants this one", [("a", "w2", 1.0), ("b", "w1", 2.0), ("c", "", 3.0)], "w1", "b"),
     ("one that wants any before a later one for this worker", [("a", "w2", 1.0), ("b", "", 2.0),
                                                               ("c", "w1", 3.0)], "w1", "b"),
+    ("one whose worker went: placed again, as one that wants any", [("a", "w2", 1.0), ("b", "gone", 2.0)], "w1",
+     "b"),
     ("none wants it: the slot stays free", [("a", "w2", 1.0)], "w1", None),
 ]
 
@@ -99,7 +101,7 @@ TAKES = [
 def test_a_freed_slot_goes_to_the_oldest_that_wants_it(name, rows, freed, taker):
     lot: ParkingLot[str] = ParkingLot()
     _parked(lot, rows)
-    found = lot.take_first(PARKED_QUEUE, "acme/shop/green", lambda wants: wants in ("", freed))
+    found = lot.take_first(PARKED_QUEUE, "acme/shop/green", [freed], ["w1", "w2"])
     assert (found[0] if found is not None else None) == taker
     assert lot.depth("acme/shop/green") == len(rows) - (taker is not None)
 
@@ -112,7 +114,7 @@ def test_each_waits_its_own_timeout_and_the_depth_counts_wake_and_queue_together
     assert lot.terms(PARKED_QUEUE, "acme/shop/green") == (0, 5.0)  # the group's queue.timeout, said at park
     # at 7.5, with a 5 s timeout: those that came before 2.5 are overdue, oldest first; the rest wait on
     assert [client for client, _ in lot.release_older(PARKED_QUEUE, "acme/shop/green", 7.5 - 5.0)] == ["a", "b"]
-    found = lot.take_first(PARKED_QUEUE, "acme/shop/green", lambda wants: True)
+    found = lot.take_first(PARKED_QUEUE, "acme/shop/green", ["w1"], ["w1"])
     assert found is not None and found[0] == "c" and found[2] == 4.0
     assert not lot.holds(PARKED_QUEUE, "acme/shop/green") and lot.depth("acme/shop/green") == 1
 

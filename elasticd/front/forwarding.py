@@ -36,7 +36,9 @@ log = logging.getLogger("elasticd.front")
 
 _MISS: Final = object()
 _MAX_HOSTS: Final = 1024  # Host header values remembered with their route (a flood of odd names only resets it)
-_ANSWERED_HERE: Final = (Refuse, Moving, Wake, NoRoom, Queued)  # what dispatch.decide answers but a forward
+# What dispatch.decide answers but a forward; Queued first: at the group's concurrency every request is one once,
+# and isinstance() of a tuple stops at the first exact type.
+_ANSWERED_HERE: Final = (Queued, Refuse, Moving, Wake, NoRoom)
 
 
 class Forwarding(FrontSide):

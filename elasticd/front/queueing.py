@@ -59,21 +59,30 @@ QUEUE_RETRY_AFTER: Final = 1
 
 
 class FrontQueue:
-    __slots__ = ("_host", "_scheduled")
+    __slots__ = ("_host", "_loop", "_scheduled", "_workers_of", "clock", "forwards", "parked", "unroutable")
 
     def __init__(self, host: QueueHost) -> None:
         self._host = host
+        # What every hand-over reads, bound once (each is changed in place by its owner, never replaced): read
+        # through the protocol, each would be an attribute looked up by name (the compiled front's fast path is
+        # for its own classes' attributes, and a protocol is not one).
+        self.parked = host.parked
+        self.forwards = host.forwards
+        self.unroutable = host.unroutable
+        self.clock = host.clock
+        self._workers_of = host.workers_of
         self._scheduled: set[str] = set()  # groups whose drain waits for the loop's next turn
+        self._loop: asyncio.AbstractEventLoop | None = None  # the front's, known at the first hand-over
 
     # ------------------------------------------------------------------ in
 
     def admits(self, key: str, target: Target, group: str, client: ClientConn, ex: Exchange) -> bool:
         """Whether one more request may wait for the group ``key``; if not, it is answered 503 here."""
         most = target.route.queue_of(group)[0]
-        depth = self._host.parked.depth(key)
+        depth = self.parked.depth(key)
         if depth < most:
             return True
-        self._host.forwards.queue(key).refuse(QUEUE_FULL)
+        self.forwards.queue(key).refuse(QUEUE_FULL)
         target.stats.answered(503)
         ex.advance(EVENT_REFUSE)
         client.answer(ex, 503, f"{target.route}: group {group}: {depth} requests wait already (its queue.max)",
@@ -86,7 +95,7 @@ class FrontQueue:
             return
         ex.advance(EVENT_PARK)
         ex.ts = now  # (when it came into the queue: its wait is counted from here; a forward sets ts anew)
-        self._host.parked.park(PARKED_QUEUE, queued.key, client, ex, now, wants=queued.wants,
+        self.parked.park(PARKED_QUEUE, queued.key, client, ex, now, wants=queued.wants,
                                 wait=target.route.queue_of(group)[1])
         told = self._host.on_queued
         if told is not None:
@@ -102,7 +111,7 @@ class FrontQueue:
         """ForwardCounters.on_free: True when the worker may leave ``saturated`` now (nothing waits for its group);
         else its group's drain is scheduled and the worker stays saturated until then."""
         key = counters.group
-        if not key or not self._host.parked.holds(PARKED_QUEUE, key):
+        if not key or not self.parked.holds(PARKED_QUEUE, key):
             return True
         self.schedule(key)
         return False
@@ -110,7 +119,12 @@ class FrontQueue:
     def schedule(self, key: str) -> None:
         if key not in self._scheduled:
             self._scheduled.add(key)
-            asyncio.get_running_loop().call_soon(self._drain_scheduled, key)
+            loop = self._loop
+            if loop is None:
+                # (asked once, not per hand-over: on Python 3.11 get_running_loop() checks the process id with a
+                # getpid() system call each time, 0.2 µs)
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self._drain_scheduled, key)
 
     def _drain_scheduled(self, key: str) -> None:
         self._scheduled.discard(key)
@@ -121,32 +135,33 @@ class FrontQueue:
 
     def drain(self, key: str) -> int:
         """The group's workers with room leave ``saturated``; then its waiting requests that can go now are
-        dispatched, oldest first (each takes its slot as it is forwarded). Returns how many went."""
-        host = self._host
-        forwards = host.forwards
+        dispatched, oldest first (each takes its slot as it is forwarded), until no worker of the group has room.
+        Returns how many went."""
+        forwards = self.forwards
         saturated = forwards.saturated
-        workers = self._routable(key)
-        for worker in workers:
-            counters = forwards.workers.get(worker.worker_id)
+        counted = forwards.workers
+        routable: list[str] = []
+        for worker in self._routable(key):
+            worker_id = worker.worker_id
+            counters = counted.get(worker_id)
             if counters is not None and counters.in_flight < counters.concurrency:
-                saturated.discard(worker.worker_id)
-        routable = {w.worker_id for w in workers}
-
-        def may_go(wants: str) -> bool:
-            if wants and wants in routable:
-                return wants not in saturated
-            # any worker (or its own is gone: dispatch places it again)
-            return any(worker_id not in saturated for worker_id in routable)
-
+                saturated.discard(worker_id)
+            routable.append(worker_id)
+        parked = self.parked
         went = 0
-        for _ in range(host.parked.depth(key)):  # (bounded: a request that parks again is not taken twice)
-            found = host.parked.take_first(PARKED_QUEUE, key, may_go)
+        for _ in range(parked.depth(key)):  # (bounded: a request that parks again is not taken twice)
+            # The workers with room now (each forward may fill one): with none, nothing waiting may go. Asked
+            # before each take, so a freed slot costs one look at the queue's head, never a scan of the queue.
+            free = [worker_id for worker_id in routable if worker_id not in saturated]
+            if not free:
+                break
+            found = parked.take_first(PARKED_QUEUE, key, free, routable)
             if found is None:
                 break
             client, ex, _came = found
             if client.transport is None or ex.phase is not PHASE_PARKED:
                 continue  # the client left meanwhile
-            forwards.queue(key).waited(host.clock() - ex.ts)
+            forwards.queue(key).waited(self.clock() - ex.ts)
             try:
                 ex.advance(EVENT_RELEASE)
                 client.released(ex)
@@ -158,29 +173,28 @@ class FrontQueue:
 
     def _routable(self, key: str) -> Sequence[Upstream]:
         tenant, app, group = key.split("/")
-        unroutable = self._host.unroutable
-        return [w for w in self._host.workers_of(tenant, app, group) if w.worker_id not in unroutable]
+        unroutable = self.unroutable
+        return [w for w in self._workers_of(tenant, app, group) if w.worker_id not in unroutable]
 
     # ------------------------------------------------------------------ the tick
 
     def tick(self, now: float) -> None:
         """Each group's requests that waited its ``queue.timeout`` are answered 503; then whatever room there is
         goes to the rest (a release no event named: a raised concurrency, a worker that joined)."""
-        host = self._host
-        parked = host.parked
+        parked = self.parked
         for key in parked.keys(PARKED_QUEUE):
             timeout = parked.terms(PARKED_QUEUE, key)[1]
             overdue = parked.release_older(PARKED_QUEUE, key, now - timeout)
             if overdue:
-                stats = host.forwards.queue(key)
+                stats = self.forwards.queue(key)
                 for _, ex in overdue:
                     stats.waited(now - ex.ts)
                     stats.refuse(QUEUE_TIMEOUT)
-                host.answer_parked(overdue, key, 503, f"group {key}: no worker had a free slot within its "
+                self._host.answer_parked(overdue, key, 503, f"group {key}: no worker had a free slot within its "
                                    f"queue.timeout ({timeout:g}s)", QUEUE_RETRY_AFTER)
             self.drain(key)
 
     def depths(self) -> dict[str, int]:
         """Requests waiting per group (for the metrics page: a copy, read from its thread)."""
-        parked = self._host.parked
+        parked = self.parked
         return {key: parked.depth(key) for key in {*parked.keys(PARKED_QUEUE), *parked.keys(PARKED_WAKE)}}

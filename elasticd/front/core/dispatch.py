@@ -82,14 +82,29 @@ class NoRoom(NamedTuple):
     wait: float
 
 
-class Queued(NamedTuple):
+class Queued:
     """Every worker the request may go to has as many requests in flight as its group's ``concurrency``: it waits
     in the group's queue (``key``: "tenant/app/group") for a slot on ``wants`` (a sticky user's worker: its state
     lives there) or, "", on any worker of the group; within the group's ``queue`` bounds, else 503. Its quota slot
-    was given back."""
+    was given back.
 
-    key: str
-    wants: str
+    (A class, not a NamedTuple as the other outcomes: with the group's concurrency reached, every request is
+    ``Queued`` once, and a NamedTuple's ``__new__`` is a Python function where this one, compiled, is a C call.)"""
+
+    __slots__ = ("key", "wants")
+
+    def __init__(self, key: str, wants: str) -> None:
+        self.key = key
+        self.wants = wants
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Queued) and (self.key, self.wants) == (other.key, other.wants)
+
+    def __hash__(self) -> int:
+        return hash((self.key, self.wants))
+
+    def __repr__(self) -> str:
+        return f"Queued(key={self.key!r}, wants={self.wants!r})"
 
 
 class Wake(NamedTuple):

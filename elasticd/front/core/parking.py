@@ -26,7 +26,7 @@ counts from the spot's first.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Collection
 from typing import Final, Generic, TypeVar
 
 from elasticd.front.core.exchange import Exchange
@@ -82,8 +82,9 @@ class ParkingLot(Generic[C]):
 
     def depth(self, key: str) -> int:
         """Requests waiting for the group "tenant/app/group": for a worker to come (WAKE) or for room (QUEUE)."""
-        return sum(len(spot.requests) for reason in (PARKED_WAKE, PARKED_QUEUE)
-                   if (spot := self._spots[reason].get(key)) is not None)
+        spots = self._spots
+        waking, queued = spots[PARKED_WAKE].get(key), spots[PARKED_QUEUE].get(key)  # (asked for every queued request)
+        return (len(waking.requests) if waking is not None else 0) + (len(queued.requests) if queued is not None else 0)
 
     def park(self, reason: Parked, key: str, client: C, ex: Exchange, now: float, *, retry_after: int = 0,
              wait: float = 0.0, wants: str = "") -> None:
@@ -105,14 +106,18 @@ class ParkingLot(Generic[C]):
         spot = self._spots[reason].get(key)
         return (spot.retry_after, spot.wait) if spot is not None else (0, 0.0)
 
-    def take_first(self, reason: Parked, key: str, may_go: Callable[[str], bool]) -> tuple[C, Exchange, float] | None:
-        """The oldest request of the spot whose wanted worker ``may_go`` ("" for any), with when it came, taken
-        out; None when none may."""
+    def take_first(self, reason: Parked, key: str, free: Collection[str],
+                   known: Collection[str]) -> tuple[C, Exchange, float] | None:
+        """The oldest request of the spot that may take a slot on one of the ``free`` workers (the caller's: at
+        least one): one that wants any (""), one whose wanted worker is free, or one whose wanted worker is no longer
+        ``known`` (it went: dispatch places the request again); taken out, with when it came. None when none may
+        (every one wants a worker that is still saturated). The common spot, every request wanting any, is
+        answered by its first: no scan."""
         spot = self._spots[reason].get(key)
         if spot is None:
             return None
         for i, wants in enumerate(spot.wants):
-            if may_go(wants):
+            if not wants or wants in free or wants not in known:
                 client, ex = spot.requests.pop(i)
                 came = spot.times.pop(i)
                 del spot.wants[i]
