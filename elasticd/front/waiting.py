@@ -196,6 +196,7 @@ class WaitingRequests:
             self.release(user)
         if parked.count(PARKED_QUEUE):
             self.queue.tick(now)
+        self.queue.forget_asked(now)
 
     def _may_go(self, reason: Parked, key: str, now: float) -> bool:
         """Whether the requests parked under (``reason``, ``key``) may be decided again now (a MOVE's end is the
