@@ -4,6 +4,8 @@ often the queue's shell asks the pool's burst check (over a fake of the part tha
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from elasticd.config.model import Quotas
@@ -119,6 +121,55 @@ def test_each_waits_its_own_timeout_and_the_depth_counts_wake_and_queue_together
     found = lot.take_first(PARKED_QUEUE, "acme/shop/green", ["w1"], ["w1"])
     assert found is not None and found[0] == "c" and found[2] == 4.0
     assert not lot.holds(PARKED_QUEUE, "acme/shop/green") and lot.depth("acme/shop/green") == 1
+
+
+def test_a_slot_on_another_worker_skips_what_waits_for_a_saturated_one_without_walking_it():
+    """Requests of sticky users piled up for one saturated worker (w2) do not make a slot on another (w1) look at
+    each of them: the oldest that may go is taken, and those for w2 keep their order and their times."""
+    lot: ParkingLot[str] = ParkingLot()
+    _parked(lot, [(f"sticky{n}", "w2", float(n)) for n in range(5000)] + [("new", "", 6000.0), ("w1's", "w1", 6001.0)])
+    assert lot.take_first(PARKED_QUEUE, "acme/shop/green", ["w1"], ["w1", "w2"])[0] == "new"
+    assert lot.take_first(PARKED_QUEUE, "acme/shop/green", ["w1"], ["w1", "w2"])[0] == "w1's"
+    assert lot.take_first(PARKED_QUEUE, "acme/shop/green", ["w1"], ["w1", "w2"]) is None
+    spot = lot._spots[PARKED_QUEUE]["acme/shop/green"]
+    assert spot.order[0].client == "sticky0" and len(spot.order) <= 2 * spot.count + 64
+    assert lot.overdue(PARKED_QUEUE, 10.0, 9.5) == ["acme/shop/green"]  # counted from the oldest still there
+    assert [client for client, _ in lot.release_older(PARKED_QUEUE, "acme/shop/green", 2.0)] == ["sticky0", "sticky1"]
+    assert lot.take_first(PARKED_QUEUE, "acme/shop/green", ["w2"], ["w1", "w2"])[0] == "sticky2"
+    assert lot.depth("acme/shop/green") == 4997
+
+
+def test_the_lot_takes_and_releases_as_a_walk_from_the_oldest_would():
+    """Random parks, takes and timeouts (seeded), against the plain walk the lot replaces (the reference)."""
+    rng = random.Random(20261204)
+    lot: ParkingLot[str] = ParkingLot()
+    reference: list[tuple[str, str, float]] = []  # (client, wants, when), oldest first
+    workers = ["w1", "w2", "w3"]
+    now = 0.0
+    for step in range(20_000):
+        now += rng.random() * 0.01
+        roll = rng.random()
+        if roll < 0.5:
+            wants = rng.choice(["", "", "w1", "w2", "w2", "w2", "gone"])
+            lot.park(PARKED_QUEUE, "g", f"r{step}", Exchange(), now, wants=wants, wait=1.0)
+            reference.append((f"r{step}", wants, now))
+        elif roll < 0.95:
+            free = rng.sample(workers, rng.randint(1, 2))
+            found = lot.take_first(PARKED_QUEUE, "g", free, workers)
+            expected = next((r for r in reference if not r[1] or r[1] in free or r[1] not in workers), None)
+            assert (found[0], found[2]) == (expected[0], expected[2]) if expected else found is None, step
+            if expected:
+                reference.remove(expected)
+        else:
+            before = now - rng.random() * 0.5
+            released = [client for client, _ in lot.release_older(PARKED_QUEUE, "g", before)]
+            assert released == [r[0] for r in reference if r[2] < before], step
+            reference = [r for r in reference if r[2] >= before]
+        assert lot.depth("g") == len(reference)
+        assert lot.holds(PARKED_QUEUE, "g") is bool(reference)
+        first = reference[0][2] if reference else None
+        assert lot.overdue(PARKED_QUEUE, now, 0.2) == (["g"] if first is not None and now - first > 0.2 else [])
+    assert [client for client, _ in lot.release(PARKED_QUEUE, "g")] == [r[0] for r in reference]
 
 
 # -- the forward counters: saturated at the concurrency, room handed to the queue first ---------------------------

@@ -26,6 +26,7 @@ counts from the spot's first.
 from __future__ import annotations
 
 import enum
+from collections import deque
 from collections.abc import Collection
 from typing import Final, Generic, TypeVar
 
@@ -54,28 +55,59 @@ PARKED_FULL: Final[Parked] = Parked["FULL"]
 PARKED_QUEUE: Final[Parked] = Parked["QUEUE"]
 
 
+class _Entry(Generic[C]):
+    """One parked request."""
+
+    __slots__ = ("at", "client", "ex", "seq", "taken", "wants")
+
+    def __init__(self, client: C, ex: Exchange, at: float, wants: str, seq: int) -> None:
+        self.client = client
+        self.ex = ex
+        self.at = at  # when it came
+        self.wants = wants  # the worker it wants ("" any: QUEUE)
+        self.seq = seq  # its place in the lot's order (times may be equal)
+        self.taken = False  # taken out of turn (take_first): still in ``order`` until it reaches its head
+
+
 class _Spot(Generic[C]):
-    __slots__ = ("requests", "retry_after", "times", "wait", "wants")
+    """A key's requests, oldest first, and (for ``take_first``) the same requests per the worker each wants.
+
+    Why the second index: the oldest request a freed slot may take is the oldest of those that want any worker or
+    that free one. Found by a walk from the oldest, a slot on one worker costs a look at every request ahead that
+    wants another (a saturated one): a tenant could queue up to its ``queue.max`` requests of sticky users for one
+    worker and have every slot of its other workers pay for all of them, in the daemon every tenant shares. Per
+    wanted worker, the oldest of each is at the head of its deque: a take costs a look at one head per worker the
+    group's requests want, whatever waits."""
+
+    __slots__ = ("by_wants", "count", "order", "retry_after", "wait")
 
     def __init__(self) -> None:
-        self.requests: list[tuple[C, Exchange]] = []
-        self.times: list[float] = []  # when each came, oldest first
-        self.wants: list[str] = []  # the worker each wants ("" any: QUEUE)
+        self.order: deque[_Entry[C]] = deque()  # oldest first; those taken out of turn dropped as they reach the head
+        self.by_wants: dict[str, deque[_Entry[C]]] = {}  # wanted worker ("" any) → its requests, oldest first
+        self.count = 0  # requests parked (not taken)
         self.retry_after = 0  # the longest Retry-After said for the key (FULL)
         self.wait = 0.0  # the latest patience said for the key (FULL: its reading's)
 
+    def first(self) -> _Entry[C] | None:
+        """The oldest request still parked (those taken out of turn before it dropped)."""
+        order = self.order
+        while order and order[0].taken:
+            order.popleft()
+        return order[0] if order else None
+
 
 class ParkingLot(Generic[C]):
-    __slots__ = ("_spots",)
+    __slots__ = ("_seq", "_spots")
 
     def __init__(self) -> None:
         self._spots: dict[Parked, dict[str, _Spot[C]]] = {reason: {} for reason in Parked}
+        self._seq = 0
 
     def __len__(self) -> int:
         return sum(self.count(reason) for reason in Parked)
 
     def count(self, reason: Parked) -> int:
-        return sum(len(spot.requests) for spot in self._spots[reason].values())
+        return sum(spot.count for spot in self._spots[reason].values())
 
     def holds(self, reason: Parked, key: str) -> bool:
         return key in self._spots[reason]
@@ -84,7 +116,7 @@ class ParkingLot(Generic[C]):
         """Requests waiting for the group "tenant/app/group": for a worker to come (WAKE) or for room (QUEUE)."""
         spots = self._spots
         waking, queued = spots[PARKED_WAKE].get(key), spots[PARKED_QUEUE].get(key)  # (asked for every queued request)
-        return (len(waking.requests) if waking is not None else 0) + (len(queued.requests) if queued is not None else 0)
+        return (waking.count if waking is not None else 0) + (queued.count if queued is not None else 0)
 
     def park(self, reason: Parked, key: str, client: C, ex: Exchange, now: float, *, retry_after: int = 0,
              wait: float = 0.0, wants: str = "") -> None:
@@ -92,10 +124,17 @@ class ParkingLot(Generic[C]):
         spot = spots.get(key)
         if spot is None:
             spot = spots[key] = _Spot()
-        spot.requests.append((client, ex))
-        spot.times.append(now)
-        spot.wants.append(wants)
-        spot.retry_after = max(spot.retry_after, retry_after)
+        self._seq += 1
+        entry = _Entry(client, ex, now, wants, self._seq)
+        spot.order.append(entry)
+        same = spot.by_wants.get(wants)
+        if same is None:
+            spot.by_wants[wants] = deque((entry,))
+        else:
+            same.append(entry)
+        spot.count += 1
+        if retry_after > spot.retry_after:
+            spot.retry_after = retry_after
         spot.wait = wait
 
     def keys(self, reason: Parked) -> list[str]:
@@ -111,25 +150,42 @@ class ParkingLot(Generic[C]):
         """The oldest request of the spot that may take a slot on one of the ``free`` workers (the caller's: at
         least one): one that wants any (""), one whose wanted worker is free, or one whose wanted worker is no longer
         ``known`` (it went: dispatch places the request again); taken out, with when it came. None when none may
-        (every one wants a worker that is still saturated). The common spot, every request wanting any, is
-        answered by its first: no scan."""
+        (every one wants a worker that is still saturated). A look at the oldest of each wanted worker's requests,
+        never a walk past those that may not go (``_Spot``)."""
         spot = self._spots[reason].get(key)
         if spot is None:
             return None
-        for i, wants in enumerate(spot.wants):
-            if not wants or wants in free or wants not in known:
-                client, ex = spot.requests.pop(i)
-                came = spot.times.pop(i)
-                del spot.wants[i]
-                if not spot.requests:
-                    del self._spots[reason][key]
-                return client, ex, came
-        return None
+        best: _Entry[C] | None = None
+        for wants, same in spot.by_wants.items():
+            if wants and wants not in free and wants in known:
+                continue
+            head = same[0]
+            if best is None or head.seq < best.seq:
+                best = head
+        if best is None:
+            return None
+        same = spot.by_wants[best.wants]
+        same.popleft()
+        if not same:
+            del spot.by_wants[best.wants]
+        best.taken = True
+        spot.count -= 1
+        if not spot.count:
+            del self._spots[reason][key]
+        elif len(spot.order) > 2 * spot.count + 64:
+            # Those taken out of turn behind a head that stays (requests for a saturated worker) are dropped from
+            # the order once they are half of it: its memory stays within twice what waits, at O(1) a take on average.
+            spot.order = deque(entry for entry in spot.order if not entry.taken)
+        else:
+            spot.first()  # (the order's head kept untaken: the oldest is read at its head)
+        return best.client, best.ex, best.at
 
     def release(self, reason: Parked, key: str) -> list[tuple[C, Exchange]]:
         """The spot's requests, oldest first; none are parked there afterwards."""
         spot = self._spots[reason].pop(key, None)
-        return spot.requests if spot is not None else []
+        if spot is None:
+            return []
+        return [(entry.client, entry.ex) for entry in spot.order if not entry.taken]
 
     def release_older(self, reason: Parked, key: str, before: float) -> list[tuple[C, Exchange]]:
         """The spot's requests parked before ``before``, oldest first; the later ones stay (each request waits its
@@ -137,16 +193,25 @@ class ParkingLot(Generic[C]):
         spot = self._spots[reason].get(key)
         if spot is None:
             return []
-        times = spot.times
-        n = 0
-        while n < len(times) and times[n] < before:
-            n += 1
-        if n == len(times):
-            return self.release(reason, key)
-        out, spot.requests, spot.times = spot.requests[:n], spot.requests[n:], times[n:]
-        spot.wants = spot.wants[n:]
+        out: list[tuple[C, Exchange]] = []
+        by_wants = spot.by_wants
+        while (entry := spot.first()) is not None and entry.at < before:
+            spot.order.popleft()
+            same = by_wants[entry.wants]
+            same.popleft()  # (the oldest parked is the oldest of those that want what it wants: that deque's head)
+            if not same:
+                del by_wants[entry.wants]
+            spot.count -= 1
+            out.append((entry.client, entry.ex))
+        if not spot.count:
+            del self._spots[reason][key]
         return out
 
     def overdue(self, reason: Parked, now: float, limit: float) -> list[str]:
         """The keys whose first parked request has waited longer than ``limit``."""
-        return [key for key, spot in self._spots[reason].items() if now - spot.times[0] > limit]
+        late = []
+        for key, spot in self._spots[reason].items():
+            entry = spot.first()
+            if entry is not None and now - entry.at > limit:
+                late.append(key)
+        return late
