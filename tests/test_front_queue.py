@@ -1,6 +1,6 @@
 """The group queue's parts, as tables: dispatch's hold-or-queue decision over saturated workers, the parking
 lot's QUEUE spot (who takes a freed slot, who times out: time passed in), the forward counters' saturation, and how
-often the queue's shell asks the pool's burst check (over a fake of the part that holds it)."""
+often the queue's shell asks the pool's burst check (on a front never started)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from elasticd.config.model import Quotas
+from elasticd.config.model import Address, Quotas
+from elasticd.front import Front, RouteTable
 from elasticd.front.core.counters import ForwardCounters, WorkerCounters
 from elasticd.front.core.dispatch import Queued, Target, decide
 from elasticd.front.core.exchange import Exchange
@@ -17,7 +18,7 @@ from elasticd.front.core.parking import PARKED_QUEUE, PARKED_WAKE, ParkingLot
 from elasticd.front.core.quota import TenantQuota
 from elasticd.front.core.routing import AppRoute
 from elasticd.front.core.sticky import Surface, place
-from elasticd.front.queueing import BURST_ASK_EVERY, FrontQueue
+from elasticd.front.queueing import BURST_ASK_EVERY
 
 USER = "80000000" + "0" * 24
 
@@ -229,28 +230,12 @@ def test_a_new_concurrency_saturates_or_frees_at_once(in_flight, before, after, 
 # -- the pool's burst check, told of queued requests: at once for a group's first, then at most every
 #    BURST_ASK_EVERY while its requests keep queueing (a flood must not run the pool's Python per request) ---------
 
-class _Client:
-    transport = None
-
-
-class _Host:
-    """What FrontQueue reads of the waiting part (queueing.QueueHost), with the burst checks it was told kept."""
-
-    def __init__(self) -> None:
-        self.parked: ParkingLot[_Client] = ParkingLot()
-        self.forwards = ForwardCounters()
-        self.unroutable: set[str] = set()
-        self.asked: list[tuple[str, str, str]] = []
-        self.on_queued = self.asked.append
-
-    def clock(self) -> float:
-        return 0.0
-
-    def workers_of(self, tenant: str, app: str, group: str) -> list[_W]:
-        return []
-
-    def answer_parked(self, parked, what, status, text, retry_after) -> int:
-        return 0
+def _front() -> tuple[Front, list[tuple[str, str, str]]]:
+    """A front (never started) whose queue tells the burst checks it asks to the list."""
+    front = Front(Address("127.0.0.1", 0), RouteTable({}), lambda tenant, app, group: [])
+    asked: list[tuple[str, str, str]] = []
+    front.waiting.on_queued = asked.append
+    return front, asked
 
 
 # (name, when each request of the group queues, which of them ask the burst check)
@@ -263,27 +248,31 @@ BURSTS = [
 
 @pytest.mark.parametrize(("name", "times", "asks"), BURSTS, ids=[row[0] for row in BURSTS])
 def test_the_burst_check_is_asked_at_once_then_at_most_every_interval(name, times, asks):
-    host = _Host()
-    queue = FrontQueue(host)
-    target = Target(AppRoute("acme", "shop", "green", label="acme/shop"), host.forwards.route("acme", "shop"), None)
+    front, asked = _front()
+    queue = front.waiting.queue
+    target = Target(AppRoute("acme", "shop", "green", label="acme/shop"), front.forwards.route("acme", "shop"), None)
     for at, ask in zip(times, asks, strict=True):
-        before = len(host.asked)
-        queue.enqueue(Queued("acme/shop/green", ""), target, _Client(), Exchange(), at)
-        assert (len(host.asked) > before) is ask, at
-    assert host.parked.depth("acme/shop/green") == len(times)  # each waits, asked or not
-    assert set(host.asked) == {("acme", "shop", "green")}
+        before = len(asked)
+        queue.enqueue(Queued("acme/shop/green", ""), target, front.listening.connection(), Exchange(), at)
+        assert (len(asked) > before) is ask, at
+    assert front.waiting.parked.depth("acme/shop/green") == len(times)  # each waits, asked or not
+    assert set(asked) == {("acme", "shop", "green")}
 
 
 def test_groups_are_asked_for_apart_and_forgotten_once_quiet():
-    host = _Host()
-    queue = FrontQueue(host)
-    routes = {name: Target(AppRoute("acme", name, "green", label=f"acme/{name}"), host.forwards.route("acme", name),
+    front, asked = _front()
+    queue = front.waiting.queue
+    routes = {name: Target(AppRoute("acme", name, "green", label=f"acme/{name}"), front.forwards.route("acme", name),
                            None) for name in ("shop", "blog")}
-    queue.enqueue(Queued("acme/shop/green", ""), routes["shop"], _Client(), Exchange(), 10.0)
-    queue.enqueue(Queued("acme/blog/green", ""), routes["blog"], _Client(), Exchange(), 10.01)
-    assert host.asked == [("acme", "shop", "green"), ("acme", "blog", "green")]
+    queue.enqueue(Queued("acme/shop/green", ""), routes["shop"], front.listening.connection(), Exchange(), 10.0)
+    queue.enqueue(Queued("acme/blog/green", ""), routes["blog"], front.listening.connection(), Exchange(), 10.01)
+    assert asked == [("acme", "shop", "green"), ("acme", "blog", "green")]
     queue.forget_asked(10.0 + BURST_ASK_EVERY)  # the front's tick: shop's ask is old, blog's is not
-    queue.enqueue(Queued("acme/blog/green", ""), routes["blog"], _Client(), Exchange(), 10.0 + BURST_ASK_EVERY)
-    assert len(host.asked) == 2
+    queue.enqueue(Queued("acme/blog/green", ""), routes["blog"], front.listening.connection(), Exchange(),
+                  10.0 + BURST_ASK_EVERY)
+    assert len(asked) == 2
+    queue.enqueue(Queued("acme/shop/green", ""), routes["shop"], front.listening.connection(), Exchange(),
+                  10.0 + BURST_ASK_EVERY)
+    assert len(asked) == 3  # forgotten: asked again at once
     queue.forget_asked(100.0)
     assert not queue._asked  # nothing kept for groups that stopped queueing
