@@ -166,7 +166,7 @@ def main() -> int:
     parser.add_argument("--compiled", action="store_true", help="also each checkout's front compiled with mypyc")
     parser.add_argument("--probe", action="store_true", help="also with a capacity reading refusing the reception")
     parser.add_argument("--queued", action="store_true",
-                        help="also with every request waiting in the group's queue (concurrency 1, two clients)")
+                        help="also with every request waiting in the group's queue (concurrency 1, 43 clients)")
     args = parser.parse_args()
     repos = args.repo or [REPO]
     with tempfile.TemporaryDirectory(prefix="front-cpu-") as where:

@@ -95,6 +95,15 @@ class _Spot(Generic[C]):
             order.popleft()
         return order[0] if order else None
 
+    def unindex(self, entry: _Entry[C]) -> None:
+        """``entry`` leaves the per-worker index (it is the oldest of those that want what it wants: its deque's
+        head), and is counted out."""
+        same = self.by_wants[entry.wants]
+        same.popleft()
+        if not same:
+            del self.by_wants[entry.wants]
+        self.count -= 1
+
 
 class ParkingLot(Generic[C]):
     __slots__ = ("_seq", "_spots")
@@ -164,12 +173,8 @@ class ParkingLot(Generic[C]):
                 best = head
         if best is None:
             return None
-        same = spot.by_wants[best.wants]
-        same.popleft()
-        if not same:
-            del spot.by_wants[best.wants]
+        spot.unindex(best)
         best.taken = True
-        spot.count -= 1
         if not spot.count:
             del self._spots[reason][key]
         elif len(spot.order) > 2 * spot.count + 64:
@@ -194,14 +199,9 @@ class ParkingLot(Generic[C]):
         if spot is None:
             return []
         out: list[tuple[C, Exchange]] = []
-        by_wants = spot.by_wants
         while (entry := spot.first()) is not None and entry.at < before:
             spot.order.popleft()
-            same = by_wants[entry.wants]
-            same.popleft()  # (the oldest parked is the oldest of those that want what it wants: that deque's head)
-            if not same:
-                del by_wants[entry.wants]
-            spot.count -= 1
+            spot.unindex(entry)  # (the oldest parked is the oldest of those that want what it wants)
             out.append((entry.client, entry.ex))
         if not spot.count:
             del self._spots[reason][key]
