@@ -13,8 +13,10 @@ Per size it prints: READY after the start; a reload with nothing changed and wit
 to READY=1, as ``systemctl reload`` waits); ``elasticctl tenant add`` of one more; the daemon's CPU while idle over
 ``--seconds`` with every cgroup's counters moving (the fake tree's: an unpopulated cgroup's would not move on a real
 kernel, so the tree says ``populated 0``, as the kernel does for a cgroup with no process); its descriptors and RSS;
-``/metrics``' time (median of 5) and size; a cold start of one app; then the cost per app as the count grows. Root:
-the descriptor limit is set as the unit sets it. Every process it starts is stopped by its pid (its own session).
+``/metrics``' time (median of 5) and size; the front's stall (``FrontProbe``: its own 404s, one after another, timed)
+while quiet, while /metrics is scraped and during the reload; a cold start of one app; then the cost per app as the
+count grows. Root: the descriptor limit is set as the unit sets it. Every process it starts is stopped by its pid (its
+own session).
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -139,6 +143,45 @@ def get(port: int, path: str, host: str = "127.0.0.1") -> tuple[int, bytes, floa
         conn.close()
 
 
+class FrontProbe:
+    """Requests to the front, one after another on one kept-alive connection, for a host no app has (the front
+    answers them itself, 404, in its event loop): how long the front stalls while the daemon does something else
+    (a /metrics scrape, a reload). ``with`` runs it in a thread; ``latencies`` are seconds."""
+
+    HOST = "nobody.localhost"
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.latencies: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> FrontProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                conn.request("GET", "/", headers={"Host": self.HOST})
+                conn.getresponse().read()
+                self.latencies.append(time.perf_counter() - started)
+                time.sleep(0.001)
+        finally:
+            conn.close()
+
+    def figures(self) -> tuple[float, float, float]:
+        """(p50, p99, max) in seconds."""
+        ordered = sorted(self.latencies) or [float("nan")]
+        return (ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], ordered[-1])
+
+
 def fake_tree(cg: Path, tenants: int, apps: int, tick: int) -> list[Path]:
     """Every tenant's and app's files, their counters at ``tick``, each saying it holds no process."""
     targets = []
@@ -161,7 +204,7 @@ def reload_time(pid: int, notify: socket.socket) -> float:
     return wait_ready(notify, 120) - started
 
 
-def measure(apps_total: int, tenants: int, args: argparse.Namespace) -> dict[str, float]:
+def measure(apps_total: int, tenants: int, args: argparse.Namespace) -> dict[str, Any]:
     per_tenant = max(1, apps_total // tenants)
     with tempfile.TemporaryDirectory(prefix="density-") as tmp:
         host = Host(Path(tmp), tenants, per_tenant, args.layout, args.interval, free_port(), free_port())
@@ -187,14 +230,16 @@ def measure(apps_total: int, tenants: int, args: argparse.Namespace) -> dict[str
         started = time.monotonic()
         daemon = subprocess.Popen([sys.executable, "-m", "elasticd.daemon", "--config", str(host.main)], env=env,
                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=limits)
-        result: dict[str, float] = {}
+        result: dict[str, Any] = {}
         try:
             result["ready"] = wait_ready(notify, 600) - started
             proc = psutil.Process(daemon.pid)
             fake_tree(cg, tenants, per_tenant, 0)
             result["reload_none"] = reload_time(daemon.pid, notify)
             host.change_one(60)
-            result["reload_one"] = reload_time(daemon.pid, notify)
+            with FrontProbe(host.front) as reloading:
+                result["reload_one"] = reload_time(daemon.pid, notify)
+            result["probe_reload"] = reloading.figures()
             if args.layout == "files":
                 new = host.where / "new.yaml"
                 body = tenant_yaml(9999, per_tenant, host.where / "root").split("\n", 1)[1]
@@ -219,7 +264,12 @@ def measure(apps_total: int, tenants: int, args: argparse.Namespace) -> dict[str
             result["idle_cpu"] = (sum(proc.cpu_times()[:2]) - cpu_before) / window
             result["fds"] = proc.num_fds()
             result["rss"] = proc.memory_info().rss
-            scrapes = [get(host.metrics, "/metrics") for _ in range(5)]
+            with FrontProbe(host.front) as quiet:
+                time.sleep(3.0)
+            result["probe_quiet"] = quiet.figures()
+            with FrontProbe(host.front) as scraped:
+                scrapes = [get(host.metrics, "/metrics") for _ in range(5)]
+            result["probe_scraped"] = scraped.figures()
             result["metrics_s"] = statistics.median(s for _, _, s in scrapes)
             result["metrics_bytes"] = max(len(b) for _, b, _ in scrapes)
             result["series"] = max(sum(1 for line in b.splitlines() if line and not line.startswith(b"#"))
@@ -281,6 +331,11 @@ def main() -> int:
         print(f"  RSS                        {r['rss'] / 2**20:8.1f} MB     (goal < 300 MB)")
         print(f"  /metrics                   {r['metrics_s'] * 1000:8.1f} ms     {r['metrics_bytes'] / 2**20:.2f} MB, "
               f"{r['series']:.0f} series (goal < 1 s and < 10 MB)")
+        for label, key in (("quiet", "probe_quiet"), ("/metrics scraped", "probe_scraped"),
+                           ("a reload (one tenant)", "probe_reload")):
+            p50, p99, most = r[key]
+            print(f"  the front, {label + ':':22} p50 {p50 * 1000:6.2f} ms, p99 {p99 * 1000:7.2f} ms, "
+                  f"max {most * 1000:7.2f} ms")
         print(f"  a cold start               {r['cold_start']:8.2f} s")
         print(f"  admin socket answered      {'yes' if r['admin_ok'] else 'NO'}; {r['log_lines']:.0f} log lines")
     if rows:

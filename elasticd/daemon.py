@@ -47,6 +47,7 @@ from elasticd.control import DaemonControl, DaemonParts, ReloadResult
 from elasticd.crash.keeping import StateKeeping
 from elasticd.front import Front, RouteTable
 from elasticd.front.serving import BACKLOG
+from elasticd.heap import Heap
 from elasticd.keeper.link import KeeperLink, KeptRow
 from elasticd.keeper.own import KeeperSpawner, keeper_socket, reach_keeper
 from elasticd.limits.overrides import effective
@@ -117,6 +118,7 @@ class Daemon:
         "control",
         "front",
         "guard",
+        "heap",
         "inherited",
         "keeper",
         "keeping",
@@ -222,6 +224,7 @@ class Daemon:
         self._reload_lock = asyncio.Lock()
         self._stop = asyncio.Event()
         self._tasks = Background(log, "a background task of the daemon")  # activations, reloads, removals
+        self.heap = Heap()  # kept out of the collector's full passes after the start and each reload (heap.py)
         self._controllers: dict[str, frozenset[str]] = {}  # per tenant, read at each activation
         self._said: set[str] = set()  # warnings given once per start
         self.reexec = ReExec(self)
@@ -439,6 +442,7 @@ class Daemon:
                 result.problems.extend(await self._activate(new, self.config, everything=everything))
                 result.written = sorted(self.last_written)
                 log.info("reloaded %s: %s", self.config_path, written_summary(self.last_written, len(new.tenants)))
+                self.heap.settle_soon(asyncio.get_running_loop())  # (the configuration replaced is garbage now)
             self.last_reload = result
             status = self.supervisor.summary()
             self.notifier.ready(status if result.ok else f"{status}; last reload refused: invalid configuration")
@@ -524,6 +528,7 @@ class Daemon:
                 self._track(self.keeping.run())
             self._track(self.sampler.run(self.config.server.sample_interval))
             self._track(self.pool.run())
+            self.heap.settle_soon(loop)  # what the start made lives as long as the configuration: frozen
             self.notifier.ready(self.supervisor.summary())
             self.notifier.start_watchdog()
             log.info("elasticd %s ready: front on %s, %s", __version__, self.config.server.listen,
@@ -613,6 +618,7 @@ class Daemon:
         self.supervisor.stopping = True
         self.pool.stop()
         self.mover.abort_all("elasticd is stopping")  # each user stays where it is, its held requests go there
+        self.heap.stop()
         await self._tasks.settle()
         await self.notifier.stop_watchdog()
         # The front's listening socket closes with its server: a client (or HAProxy) is refused from now on, and goes
