@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from elasticd.accounting import files as files_module
+from elasticd.accounting import sampler as sampler_module
 from elasticd.accounting.fake import FakeCgroup, write_fake_cgroup
 from elasticd.accounting.files import CgroupFiles
 from elasticd.accounting.parse import Pressure
@@ -224,3 +225,73 @@ def test_stacked_devices_from_sysfs(tmp_path):
     block("sdb", "8:16")
     assert stacked_devices(str(sys_root)) == {"8:0", "259:0"}
     assert stacked_devices(str(tmp_path / "nothing")) == frozenset()
+
+
+def _tenants(tmp_path: Path, count: int) -> dict[tuple[str, ...], Path]:
+    targets: dict[tuple[str, ...], Path] = {}
+    for n in range(count):
+        tenant = f"t{n:02d}"
+        targets[("tenant", tenant)] = tmp_path / "tenants" / tenant
+        targets[("app", tenant, "shop")] = tmp_path / "tenants" / tenant / "shop"
+    for path in targets.values():
+        write_fake_cgroup(path, _state())
+    return targets
+
+
+def test_a_pass_in_slices_reads_what_a_whole_pass_reads_and_shows_it_at_its_end(tmp_path):
+    targets = _tenants(tmp_path, 5)
+    whole, sliced = Sampler(sys_root="/nonexistent"), Sampler(sys_root="/nonexistent")
+    whole.set_targets(targets)
+    sliced.set_targets(targets)
+    whole.sample_once(1.0)
+    turns = 0
+    for _ in sliced.sample_in_slices(1.0, slice_seconds=0.0):  # a turn of the loop after every tenant
+        turns += 1
+        assert sliced.latest == {}  # (never half a pass)
+    assert turns == 5
+    assert sliced.latest == whole.latest and len(sliced.latest) == 10
+    assert sliced.last_reads == whole.last_reads == 10
+    whole.close()
+    sliced.close()
+
+
+def test_a_pass_whose_targets_change_between_slices_stops_there(tmp_path):
+    targets = _tenants(tmp_path, 4)
+    sampler = Sampler(sys_root="/nonexistent")
+    sampler.set_targets(targets)
+    sampler.sample_once(1.0)
+    passing = sampler.sample_in_slices(2.0, slice_seconds=0.0)
+    next(passing)  # one tenant read
+    kept = {key: path for key, path in targets.items() if key[1] != "t03"}  # a reload removed a tenant meanwhile
+    sampler.set_targets(kept)
+    assert list(passing) == []  # the pass stops: what it holds was made for the targets before
+    assert set(sampler.latest) == set(kept)
+    assert {sample.ts for sample in sampler.latest.values()} == {1.0}  # the next pass reads them all
+    sampler.sample_once(3.0)
+    assert {sample.ts for sample in sampler.latest.values()} == {3.0}
+    sampler.close()
+
+
+async def test_run_lets_the_loop_go_between_slices(tmp_path, monkeypatch):
+    targets = _tenants(tmp_path, 6)
+    sampler = Sampler(sys_root="/nonexistent")
+    sampler.set_targets(targets)
+    turns: list[int] = []
+    monkeypatch.setattr(sampler_module, "SLICE", 0.0)  # a slice a tenant long
+
+    async def other() -> None:  # the front's work, meanwhile
+        while True:
+            turns.append(len(sampler.latest))
+            await asyncio.sleep(0)
+
+    other_task = asyncio.get_running_loop().create_task(other())
+    task = asyncio.get_running_loop().create_task(sampler.run(10.0))
+    for _ in range(100):
+        await asyncio.sleep(0)
+        if sampler.latest:
+            break
+    task.cancel()
+    other_task.cancel()
+    assert len(sampler.latest) == 12
+    assert turns.count(0) >= 6  # the other task ran between the pass's slices, before its end
+    sampler.close()
