@@ -56,6 +56,7 @@ from elasticd.listener_guard.guard import ListenerGuard
 from elasticd.listener_guard.own import OWN_LISTENERS
 from elasticd.listener_guard.verdict import tenants_by_uid
 from elasticd.listeners import Listeners
+from elasticd.loop_slices import GIL_SWITCH
 from elasticd.metrics import MetricsServer
 from elasticd.monitor.auth import read_credentials
 from elasticd.monitor.page import MonitorPage
@@ -705,6 +706,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("invalid configuration %s:\n%s", args.config, exc)
         return 1
     path = str(Path(args.config).resolve())
+    sys.setswitchinterval(GIL_SWITCH)  # (the front's loop waits less for a thread's GIL: loop_slices.py)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         return runner.run(Daemon(config, path, saved, refused, stored, parsed, args.keeper).run())
 

@@ -277,7 +277,7 @@ async def test_run_lets_the_loop_go_between_slices(tmp_path, monkeypatch):
     sampler = Sampler(sys_root="/nonexistent")
     sampler.set_targets(targets)
     turns: list[int] = []
-    monkeypatch.setattr(sampler_module, "SLICE", 0.0)  # a slice a tenant long
+    monkeypatch.setattr(sampler_module, "LOOP_SLICE", 0.0)  # a slice a tenant long
 
     async def other() -> None:  # the front's work, meanwhile
         while True:

@@ -1,7 +1,7 @@
 """The cgroup sampler: every tick, one pass over the tenant and app cgroups it is due to read, into ``latest``.
 
 The daemon calls ``set_targets`` after each activation and runs ``run(interval)`` as a task. A pass runs on the
-event loop in slices of ``SLICE`` (no threads, no per-scrape reads); /metrics serves ``latest``, a dict replaced
+event loop in slices (``loop_slices.py``; no threads, no per-scrape reads); /metrics serves ``latest``, a dict replaced
 whole at the end of each pass, so a reader never sees half a pass. The last ``keep`` samples of each cgroup are kept too
 (``history``): the pool's cgroup budget reads rates and event counts over them without a read of its own.
 
@@ -28,13 +28,15 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from elasticd.loop_slices import LOOP_SLICE
+
 from . import files as files_module
 from .activity import Activity
 from .cadence import Cadence, Key
 from .files import CgroupFiles, read_populated
 from .sample import FILES, Sample, SampleBuilder
 
-__all__ = ["SLICE", "CgroupFiles", "Key", "Sample", "Sampler", "raise_fd_limit", "read_once", "stacked_devices"]
+__all__ = ["CgroupFiles", "Key", "Sample", "Sampler", "raise_fd_limit", "read_once", "stacked_devices"]
 
 log = logging.getLogger("elasticd.accounting")
 
@@ -43,8 +45,6 @@ log = logging.getLogger("elasticd.accounting")
 FD_SHARE = 16
 FD_RESERVE = 256
 _PER_CGROUP = len(FILES) + 1  # its files and the directory
-# Seconds of a pass's work between two turns of the event loop (run): the front's requests wait at most about this.
-SLICE = 0.004
 
 
 def stacked_devices(sys_root: str = "/sys") -> frozenset[str]:
@@ -208,9 +208,9 @@ class Sampler:
         that ``run`` lets the event loop go meanwhile (the front proxies every tenant's requests on it: a whole pass
         held it ~40 ms at 10,000 apps). ``latest`` is replaced once, at the end. A pass whose targets were changed
         while it yielded (``set_targets``, ``close``) stops there, ``latest`` as it was: the next one reads them.
-        ``slice_seconds``: ``SLICE`` unless said."""
+        ``slice_seconds``: ``LOOP_SLICE`` (loop_slices.py) unless said."""
         if slice_seconds is None:
-            slice_seconds = SLICE
+            slice_seconds = LOOP_SLICE
         slice_began = time.perf_counter()
         worked = 0.0  # seconds of this pass's own work (its slices, not the loop's turns between them)
         self._tick = tick = self._tick + 1

@@ -35,13 +35,15 @@ class PoolCollector(Collector):
         occupancy = GaugeMetricFamily("elasticd_worker_occupancy",
                                       "A worker's occupancy in [0, 1]: the max of its smoothed components.",
                                       labels=["tenant", "app", "group", "worker"])
-        workers = GaugeMetricFamily("elasticd_group_workers", "Workers in a group, by the state of their life "
-                                    "(running always; another state while some worker is in it).",
-                                    labels=["tenant", "app", "group", "state"])
         sizes: dict[tuple[str, str, str], int] = {}
         for key, worker_id, value in self._pool.occupancies():
             occupancy.add_metric([*key, worker_id], value)
             sizes[key] = sizes.get(key, 0) + 1
+        # (Each family is yielded once made: the page is collected on the loop a family at a time, loop_slices.py.)
+        yield occupancy
+        workers = GaugeMetricFamily("elasticd_group_workers", "Workers in a group, by the state of their life "
+                                    "(running always; another state while some worker is in it).",
+                                    labels=["tenant", "app", "group", "state"])
         shown = self._shown
         states = self._pool.worker_states()
         for key in self._pool.groups():
@@ -54,6 +56,7 @@ class PoolCollector(Collector):
                 for name, count in sorted((counted or {}).items()):
                     if name != running:
                         workers.add_metric([*key, name], count)
+        yield workers
         decisions = CounterMetricFamily("elasticd_pool_decisions", "Pool decisions taken, by group and kind.",
                                         labels=["tenant", "app", "group", "decision"])
         # A group that never had a worker nor a decision (at zero, idle: most of a host of idle tenants) has no
@@ -63,6 +66,7 @@ class PoolCollector(Collector):
                 continue
             for kind in (*DECISIONS, *sorted(set(counts) - set(DECISIONS))):
                 decisions.add_metric([*key, kind], counts.get(kind, 0))
+        yield decisions
         bound = GaugeMetricFamily("elasticd_group_limit_bound",
                                   "1 while the tenant's cgroup limit on this resource holds the group's scale-up.",
                                   labels=["tenant", "app", "group", "resource"])
@@ -71,9 +75,6 @@ class PoolCollector(Collector):
                 continue  # (a group with no worker grows only by a cold start, which no limit holds)
             for resource in LIMITED_RESOURCES:
                 bound.add_metric([*key, resource], 1.0 if resource in resources else 0.0)
-        yield occupancy
-        yield workers
-        yield decisions
         yield bound
         yield from _cold_starts(self._pool.cold_starts())
         stats: MoveStats | None = getattr(self._pool.mover, "stats", None)
