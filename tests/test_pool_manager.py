@@ -363,3 +363,29 @@ def _config(pool: PoolSettings) -> Config:
     app = App(name="shop", domains=("shop.localhost",), root="/", default_group="green", groups={"green": group})
     return Config(server=Server(occupancy_interval=1.0),
                   tenants={"acme": Tenant("acme", Resources(), Quotas(), {"shop": app})})
+
+
+def _two_tenants(acme: PoolSettings, initech: PoolSettings) -> Config:
+    tenants = {}
+    for name, pool in (("acme", acme), ("initech", initech)):
+        group = Group(name="green", command=("app",), pool=pool)
+        app = App(name="shop", domains=(f"shop.{name}.localhost",), root="/", default_group="green",
+                  groups={"green": group})
+        tenants[name] = Tenant(name, Resources(), Quotas(), {"shop": app})
+    return Config(server=Server(occupancy_interval=1.0), tenants=tenants)
+
+
+def test_a_reload_remakes_only_the_changed_tenants_group_settings():
+    m = PoolManager(Supervisor(1), Surface(), ForwardCounters(), interval=1.0, tree_cpu=lambda pid: 0.0)
+    m.apply(_two_tenants(PoolSettings(max_workers=2), PoolSettings(max_workers=2)))  # a start: every tenant
+    kept = m._groups[("initech", "shop", "green")]
+    kept_settings = kept.settings
+    assert m._groups[("acme", "shop", "green")].settings.pool.max_workers == 2
+    m.apply(_two_tenants(PoolSettings(max_workers=5), PoolSettings(max_workers=2)), changed={"acme"})
+    assert m._groups[("acme", "shop", "green")].settings.pool.max_workers == 5  # remade
+    assert m._groups[("initech", "shop", "green")] is kept and kept.settings is kept_settings  # left as it was
+    # A new tenant's groups are made whatever ``changed`` says; a removed one's are forgotten.
+    m.apply(_config(PoolSettings(max_workers=3)), changed=frozenset())
+    assert set(m._groups) == {("acme", "shop", "green")}
+    m.apply(_two_tenants(PoolSettings(max_workers=5), PoolSettings(max_workers=4)), changed=frozenset())
+    assert m._groups[("initech", "shop", "green")].settings.pool.max_workers == 4
