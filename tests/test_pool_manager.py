@@ -389,3 +389,20 @@ def test_a_reload_remakes_only_the_changed_tenants_group_settings():
     assert set(m._groups) == {("acme", "shop", "green")}
     m.apply(_two_tenants(PoolSettings(max_workers=5), PoolSettings(max_workers=4)), changed=frozenset())
     assert m._groups[("initech", "shop", "green")].settings.pool.max_workers == 4
+
+
+def test_a_group_at_zero_keeps_its_idle_book_as_the_whole_idle_check_would():
+    # The tick's fast path for a group with no worker (most groups of a host of idle tenants): its book sees no
+    # request on any worker, and nothing is sensed or retired.
+    supervisor = Supervisor(0)
+    m = at_zero(supervisor)
+    clock = {"now": 10.0}
+    m._clock = lambda: clock["now"]
+    record = m._groups[KEY]
+    record.book.last_requests, record.book.last_active = 7, 3.0  # its last worker had answered 7 requests
+    m.sense()
+    assert (record.book.last_requests, record.book.last_active) == (0, 10.0)
+    clock["now"] = 20.0
+    m.sense()  # nothing moved since: the book stays
+    assert (record.book.last_requests, record.book.last_active) == (0, 10.0)
+    assert supervisor.workers == [] and not m.draining

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from elasticd.pool.group_record import GroupRecord
@@ -65,10 +65,24 @@ class SensingTick:
         oldest = self._forwards.oldest_open_by_worker()
         tunnels = self._tunnels()
         users = self._surface.count_by_group()
+        workers_of = self._supervisor.workers_of
+        live: list[tuple[GroupKey, GroupRecord, Sequence[PoolWorker]]] = []
         for key, record in list(groups.items()):
-            self._check_idle(key, record, now, open_requests, tunnels, users.get((f"{key[0]}/{key[1]}", key[2]), 0))
-        for key, record in groups.items():
-            for worker in self._supervisor.workers_of(key):
+            workers = workers_of(key)
+            if not workers:
+                # At zero (most groups of a host of idle tenants, every tick): no worker to sense or retire, and no
+                # request counted on one. The idle rule's book, as _check_idle keeps it for no worker, inline: on the
+                # front's loop, 10,000 such groups each through the whole check were ~19 ms a tick.
+                book = record.book
+                if book.last_requests:
+                    book.last_requests = 0
+                    book.last_active = now
+                continue
+            self._check_idle(key, record, now, open_requests, tunnels, users.get((f"{key[0]}/{key[1]}", key[2]), 0),
+                             workers)
+            live.append((key, record, workers))
+        for key, record, workers in live:
+            for worker in workers:
                 if not worker.routable or worker.pid is None or worker.id in record.flight.draining:
                     continue
                 announced = worker.id in self.announced
@@ -91,9 +105,9 @@ class SensingTick:
                 self._check_liveness(key, record, worker, now, cpu, announced, open_requests, oldest)
 
     def _check_idle(self, key: GroupKey, record: GroupRecord, now: float, open_requests: Mapping[str, int],
-                    tunnels: Mapping[str, int], users: int) -> None:
-        """``users``: those the surface has in the group (on its workers, or placed again at their next request)."""
-        workers = self._supervisor.workers_of(key)
+                    tunnels: Mapping[str, int], users: int, workers: Sequence[PoolWorker]) -> None:
+        """``users``: those the surface has in the group (on its workers, or placed again at their next request);
+        ``workers``: the group's, as the supervisor has them now."""
         book, flight, settings = record.book, record.flight, record.settings
         requests = sum(self._forwards.worker(w.id).requests for w in workers)
         open_here = sum(open_requests.get(w.id, 0) + tunnels.get(w.id, 0) for w in workers)
