@@ -153,6 +153,13 @@ class Book:
     def record(self, decision: PoolDecision) -> None:
         self.journal.record(self.wall(), decision)
 
+    def saw(self, requests: int, open_requests: int, now: float) -> None:
+        """The sensing tick's count of the group's forwards, and its requests open now: a count that moved since the
+        last tick, or a request open, makes the group active now (the idle rule's clock)."""
+        if requests != self.last_requests or open_requests:
+            self.last_requests = requests
+            self.last_active = now
+
 
 class GroupRecord:
     __slots__ = ("book", "flight", "readings", "settings")

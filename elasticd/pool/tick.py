@@ -71,12 +71,9 @@ class SensingTick:
             workers = workers_of(key)
             if not workers:
                 # At zero (most groups of a host of idle tenants, every tick): no worker to sense or retire, and no
-                # request counted on one. The idle rule's book, as _check_idle keeps it for no worker, inline: on the
-                # front's loop, 10,000 such groups each through the whole check were ~19 ms a tick.
-                book = record.book
-                if book.last_requests:
-                    book.last_requests = 0
-                    book.last_active = now
+                # request counted on one; only the idle rule's book (on the front's loop, 10,000 such groups each
+                # through the whole check were ~19 ms a tick).
+                record.book.saw(0, 0, now)
                 continue
             self._check_idle(key, record, now, open_requests, tunnels, users.get((f"{key[0]}/{key[1]}", key[2]), 0),
                              workers)
@@ -111,9 +108,7 @@ class SensingTick:
         book, flight, settings = record.book, record.flight, record.settings
         requests = sum(self._forwards.worker(w.id).requests for w in workers)
         open_here = sum(open_requests.get(w.id, 0) + tunnels.get(w.id, 0) for w in workers)
-        if requests != book.last_requests or open_here:
-            book.last_requests = requests
-            book.last_active = now
+        book.saw(requests, open_here, now)
         if settings.floor or not workers or flight.draining or flight.spawning or not all(w.routable for w in workers):
             return  # (a worker starting or restarting: requests may be waiting for it in the front)
         why = idle_stop(now=now, floor=settings.floor, active=settings.active, workers=len(workers), users=users,
