@@ -30,9 +30,11 @@ GIL_SWITCH: Final = 0.0005
 T = TypeVar("T")
 
 
-async def gather_in_slices(items: Iterable[T], slice_seconds: float = LOOP_SLICE) -> list[T]:
-    """``list(items)``, with a turn of the loop whenever making them took ``slice_seconds`` since the last: for an
-    iterable that does its work as it goes (a generator), each step of which is short."""
+async def gather_in_slices(items: Iterable[T], slice_seconds: float | None = None) -> list[T]:
+    """``list(items)``, with a turn of the loop whenever making them took ``slice_seconds`` (``LOOP_SLICE`` unless
+    said) since the last: for an iterable that does its work as it goes (a generator), each step of which is short."""
+    if slice_seconds is None:
+        slice_seconds = LOOP_SLICE
     gathered: list[T] = []
     began = time.perf_counter()
     for item in items:

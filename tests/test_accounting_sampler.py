@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from elasticd import loop_slices
 from elasticd.accounting import files as files_module
-from elasticd.accounting import sampler as sampler_module
 from elasticd.accounting.fake import FakeCgroup, write_fake_cgroup
 from elasticd.accounting.files import CgroupFiles
 from elasticd.accounting.parse import Pressure
@@ -245,7 +245,7 @@ def test_a_pass_in_slices_reads_what_a_whole_pass_reads_and_shows_it_at_its_end(
     sliced.set_targets(targets)
     whole.sample_once(1.0)
     turns = 0
-    for _ in sliced.sample_in_slices(1.0, slice_seconds=0.0):  # a turn of the loop after every tenant
+    for _ in sliced.sample_in_slices(1.0):  # a step after every tenant
         turns += 1
         assert sliced.latest == {}  # (never half a pass)
     assert turns == 5
@@ -260,7 +260,7 @@ def test_a_pass_whose_targets_change_between_slices_stops_there(tmp_path):
     sampler = Sampler(sys_root="/nonexistent")
     sampler.set_targets(targets)
     sampler.sample_once(1.0)
-    passing = sampler.sample_in_slices(2.0, slice_seconds=0.0)
+    passing = sampler.sample_in_slices(2.0)
     next(passing)  # one tenant read
     kept = {key: path for key, path in targets.items() if key[1] != "t03"}  # a reload removed a tenant meanwhile
     sampler.set_targets(kept)
@@ -277,7 +277,7 @@ async def test_run_lets_the_loop_go_between_slices(tmp_path, monkeypatch):
     sampler = Sampler(sys_root="/nonexistent")
     sampler.set_targets(targets)
     turns: list[int] = []
-    monkeypatch.setattr(sampler_module, "LOOP_SLICE", 0.0)  # a slice a tenant long
+    monkeypatch.setattr(loop_slices, "LOOP_SLICE", 0.0)  # a slice a tenant long
 
     async def other() -> None:  # the front's work, meanwhile
         while True:

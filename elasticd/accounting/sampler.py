@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import resource
 import time
@@ -28,7 +27,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from elasticd.loop_slices import LOOP_SLICE
+from elasticd.loop_slices import gather_in_slices
 
 from . import files as files_module
 from .activity import Activity
@@ -200,19 +199,16 @@ class Sampler:
 
     def sample_once(self, now: float) -> None:
         """One pass over the targets due, whole; ``now`` (monotonic seconds) is recorded as the samples' ts."""
-        for _ in self.sample_in_slices(now, math.inf):
+        for _ in self.sample_in_slices(now):
             pass
 
-    def sample_in_slices(self, now: float, slice_seconds: float | None = None) -> Iterator[None]:
-        """One pass, yielding between two tenants once ``slice_seconds`` of work were done since the last yield, so
-        that ``run`` lets the event loop go meanwhile (the front proxies every tenant's requests on it: a whole pass
-        held it ~40 ms at 10,000 apps). ``latest`` is replaced once, at the end. A pass whose targets were changed
-        while it yielded (``set_targets``, ``close``) stops there, ``latest`` as it was: the next one reads them.
-        ``slice_seconds``: ``LOOP_SLICE`` (loop_slices.py) unless said."""
-        if slice_seconds is None:
-            slice_seconds = LOOP_SLICE
-        slice_began = time.perf_counter()
-        worked = 0.0  # seconds of this pass's own work (its slices, not the loop's turns between them)
+    def sample_in_slices(self, now: float) -> Iterator[None]:
+        """One pass, yielding after each tenant, so that ``run`` gives the event loop a turn every ``LOOP_SLICE`` of it
+        (loop_slices.py: the front proxies every tenant's requests on that loop, and a whole pass held it ~40 ms at
+        10,000 apps). ``latest`` is replaced once, at the end. A pass whose targets were changed while it yielded
+        (``set_targets``, ``close``) stops there, ``latest`` as it was: the next one reads them."""
+        resumed = time.perf_counter()
+        worked = 0.0  # seconds of this pass's own work (not the loop's turns between its steps)
         self._tick = tick = self._tick + 1
         busy_apps = self._busy()
         busy_tenants = {tenant for tenant, _app in busy_apps}
@@ -236,16 +232,15 @@ class Sampler:
                 if due(tenant_key, active, tick):
                     latest[tenant_key] = read(tenant_key, active, now, tick)
                     reads += 1
-            if time.perf_counter() - slice_began >= slice_seconds:
-                worked += time.perf_counter() - slice_began
-                yield
-                if self._paths is not paths:
-                    return
-                slice_began = time.perf_counter()
+            worked += time.perf_counter() - resumed
+            yield
+            if self._paths is not paths:
+                return
+            resumed = time.perf_counter()
         self._latest = latest
         self.last_reads = reads
         self.last_ts = now
-        self.last_duration = worked + time.perf_counter() - slice_began
+        self.last_duration = worked + time.perf_counter() - resumed
 
     def _read(self, key: Key, active: bool, now: float, tick: int) -> Sample:
         files = self._files.get(key)
@@ -300,8 +295,7 @@ class Sampler:
         while True:
             now = clock()
             try:
-                for _ in self.sample_in_slices(now):
-                    await asyncio.sleep(0)  # (the loop's turn between two slices of the pass)
+                await gather_in_slices(self.sample_in_slices(now))  # (a turn of the loop every LOOP_SLICE of it)
                 self.last_success = time.time()  # (for alerting: elasticd_sampler_last_success_timestamp_seconds)
             except Exception:  # a bug in one pass must not end accounting for the daemon's lifetime
                 log.exception("cgroup sampling failed")
