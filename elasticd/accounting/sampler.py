@@ -19,6 +19,7 @@ more cgroups than descriptors.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import resource
@@ -316,11 +317,7 @@ class Sampler:
 
 
 def _at(sample: Sample, ts: float) -> Sample:
-    copy = Sample(ts)
-    for name in Sample.__slots__:
-        if name != "ts":
-            setattr(copy, name, getattr(sample, name))
-    return copy
+    return dataclasses.replace(sample, ts=ts)
 
 
 def read_once(path: str | Path, now: float, skip_devices: frozenset[str] = frozenset()) -> Sample:
