@@ -197,6 +197,10 @@ REQUESTS = [
     _row("9112-9.3.2 two pipelined requests, in order",
          b"GET /1 HTTP/1.1\r\n" + HOST + b"\r\nGET /2 HTTP/1.1\r\n" + HOST + b"\r\n",
          [b"GET /1 HTTP/1.1\r\n" + HOST + TAIL + b"\r\n", b"GET /2 HTTP/1.1\r\n" + HOST + TAIL + b"\r\n"]),
+    _row("9110-9.1 + 9112-9.3.2 an unknown method pipelined behind a body",
+         b"POST /1 HTTP/1.1\r\n" + HOST + b"Content-Length: 3\r\n\r\nabcFOO /2 HTTP/1.1\r\n" + HOST + b"\r\n",
+         [b"POST /1 HTTP/1.1\r\n" + HOST + b"Content-Length: 3\r\n" + TAIL + b"\r\nabc",
+          b"FOO /2 HTTP/1.1\r\n" + HOST + TAIL + b"\r\n"]),
     _row("our user id is ours", b"GET / HTTP/1.1\r\n" + HOST + b"X-Elastic-User-Id: forged\r\n\r\n",
          b"GET / HTTP/1.1\r\n" + HOST + TAIL + b"\r\n"),
 ]

@@ -70,6 +70,7 @@ def _queue(*reads: bytes) -> list[tuple[bytes, bytes, bytes, bool, object]]:
 
 GET = b"GET /a HTTP/1.1\r\nHost: a.test\r\n\r\n"
 POST = b"POST /b HTTP/1.1\r\nHost: a.test\r\nContent-Length: 4\r\n\r\n\r\n\r\n"  # its body: two CRLFs
+BIG = b"POST /d HTTP/1.1\r\nHost: a.test\r\nContent-Length: 150\r\n\r\n" + b"x" * 150  # a body longer than a head
 CHUNKED = b"POST /c HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n3; x=1\r\nabc\r\n0\r\n\r\n"
 
 
@@ -77,6 +78,7 @@ CHUNKED = b"POST /c HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r
     GET + CHUNKED + GET,
     POST + CHUNKED + CHUNKED + POST,
     b"\r\n" + CHUNKED + b"\r\n" + GET,  # empty lines before a request (RFC 9112 §2.2)
+    BIG + CHUNKED + GET,  # a read that begins inside the body before: its part of that body is what came before
 ])
 def test_requests_around_a_chunked_body_read_alike_however_cut(stream: bytes) -> None:
     whole = _queue(stream)

@@ -466,3 +466,16 @@ def test_a_pause_for_the_worker_connections_buffer_ends_with_that_request():
     relay.pause(FOR_QUEUE)
     relay.pause(FOR_UPSTREAM)
     assert relay.worker_gone() is False and relay.paused == FOR_QUEUE  # still held for the queue
+
+
+@pytest.mark.parametrize("split", [19, 30, 45])
+def test_a_pipelined_head_is_measured_from_its_own_first_byte(split: int) -> None:
+    """A head cut by the read's end, behind a request whose 40,000-byte body came in the same read: its size is
+    its own bytes, not the body's before it (those once made it a 431)."""
+    second = b"GET /b HTTP/1.1\r\nHost: a.test\r\nX-Some: " + b"y" * 20 + b"\r\n\r\n"
+    relay = ClientRelay(32 << 10)
+    relay.receive(b"POST /a HTTP/1.1\r\nHost: a.test\r\nContent-Length: 40000\r\n\r\n" + b"x" * 40_000
+                  + second[:split])
+    relay.receive(second[split:])
+    assert [(ex.url, ex.error) for ex in relay.queue] == [(b"/a", None), (b"/b", None)]
+    assert not relay.draining

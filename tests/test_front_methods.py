@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from elasticd.front.core.connection import DISPATCH, SERVE, ClientRelay
+from elasticd.front.core.connection import DISPATCH, ClientRelay
 from elasticd.front.core.methods import MAX_METHOD, MORE, WHOLE, read_method
 
 
@@ -57,12 +57,61 @@ def test_requests_after_it_on_the_connection_are_read_by_the_new_parser() -> Non
     assert all(ex.error is None for ex in relay.queue) and effects[0] == DISPATCH
 
 
-def test_one_behind_another_in_the_same_read_is_501_and_closes() -> None:
-    relay, effects = _relay_read(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\nFOO / HTTP/1.1\r\nHost: a.test\r\n\r\n")
-    assert effects == [SERVE]
-    first, second = relay.queue
-    assert first.error is None and second.error is not None and second.error[0] == 501
-    assert relay.draining
+@pytest.mark.parametrize(("pieces", "methods", "bodies"), [
+    # behind another request in the same read
+    ((b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\nFOO / HTTP/1.1\r\nHost: a.test\r\n\r\n",),
+     [b"GET", b"FOO"], [b"", b""]),
+    # behind a request with a body, and the empty lines RFC 9112 §2.2 lets a request follow
+    ((b"POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 4\r\n\r\nbody\r\n"
+      b"BREW /pot HTTP/1.1\r\nHost: a.test\r\nContent-Length: 3\r\n\r\ntea",),
+     [b"POST", b"BREW"], [b"body", b"tea"]),
+    # the read begins inside the first one's body
+    ((b"POST / HTTP/1.1\r\nHost: a.test\r\nContent-Length: 4\r\n\r\nbo", b"dyFOO /x HTTP/1.1\r\nHost: a.test\r\n\r\n"),
+     [b"POST", b"FOO"], [b"body", b""]),
+    # ... inside the first one's head, its end split across the reads
+    ((b"GET / HTTP/1.1\r\nHost: a.test\r\n\r",
+      b"\nGET /2 HTTP/1.1\r\nHost: a.test\r\n\r\nFOO /x HTTP/1.1\r\nHost: a.test\r\n\r\n"),
+     [b"GET", b"GET", b"FOO"], [b"", b"", b""]),
+    # three unknown ones, one read
+    ((b"FOO /1 HTTP/1.1\r\nHost: a.test\r\n\r\nBAR /2 HTTP/1.1\r\nHost: a.test\r\n\r\nBAZ /3 HTTP/1.1\r\nHost: a.test"
+      b"\r\n\r\n",),
+     [b"FOO", b"BAR", b"BAZ"], [b"", b"", b""]),
+    # the token cut at the read's end
+    ((b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\nFO", b"O /x HTTP/1.1\r\nHost: a.test\r\n\r\n"),
+     [b"GET", b"FOO"], [b"", b""]),
+])
+def test_one_behind_another_is_read_where_the_other_ended(pieces: tuple[bytes, ...], methods: list[bytes],
+                                                          bodies: list[bytes]) -> None:
+    relay, effects = _relay_read(*pieces)
+    assert [ex.method for ex in relay.queue] == methods, effects
+    assert [ex.error for ex in relay.queue] == [None] * len(methods)
+    assert [b"".join(ex.body) for ex in relay.queue] == bodies
+    assert [ex.url for ex in relay.queue][-1] in (b"/", b"/x", b"/3", b"/pot")
+    assert not relay.draining and all(ex.body_done for ex in relay.queue)
+
+
+@pytest.mark.parametrize("stream", [
+    b"GET /a HTTP/1.1\r\nHost: a.test\r\n\r\nFOO /b HTTP/1.1\r\nHost: a.test\r\n\r\n",
+    b"POST /a HTTP/1.1\r\nHost: a.test\r\nContent-Length: 150\r\n\r\n" + b"x" * 150
+    + b"FOO /b HTTP/1.1\r\nHost: a.test\r\nContent-Length: 3\r\n\r\nabc\r\nBAR /c HTTP/1.1\r\nHost: a.test\r\n\r\n",
+])
+def test_unknown_methods_read_alike_however_the_stream_is_cut(stream: bytes) -> None:
+    def read(*pieces: bytes) -> list[tuple[bytes, bytes, bytes, object]]:
+        relay, _ = _relay_read(*pieces)
+        assert not relay.draining
+        return [(ex.method, ex.url, b"".join(ex.body), ex.error) for ex in relay.queue]
+
+    whole = read(stream)
+    assert all(error is None for *_, error in whole) and whole[1][:2] == (b"FOO", b"/b"), whole
+    for cut in range(1, len(stream)):
+        assert read(stream[:cut], stream[cut:]) == whole, cut
+
+
+def test_a_request_after_it_in_the_same_read_is_read_too() -> None:
+    relay, _ = _relay_read(b"GET /a HTTP/1.1\r\nHost: a.test\r\n\r\nFOO /b HTTP/1.1\r\nHost: a.test\r\n\r\n"
+                           b"GET /c HTTP/1.1\r\nHost: a.test\r\n\r\n")
+    assert [(ex.method, ex.url, ex.error) for ex in relay.queue] == [
+        (b"GET", b"/a", None), (b"FOO", b"/b", None), (b"GET", b"/c", None)]
 
 
 @pytest.mark.parametrize(("data", "status"), [(b"F{O / HTTP/1.1\r\n\r\n", 400), (b"y" * 80, 501)])

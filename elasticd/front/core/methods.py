@@ -11,9 +11,10 @@ Framing a request's body does not depend on its method (RFC 9112 §6: Content-Le
 only CONNECT differs, and it is a known method), so the parser reads the rest of the request exactly as it would
 have; the worker gets the method the client sent. Why not a request line read by the front for every request:
 the common path stays the parser's alone (no Python pass over each request line), and the cost falls on the rare
-request only (a parser made, ~1 µs). What it cannot see: where a pipelined request begins inside bytes the parser
-already read past, so an unknown method behind another request in the same read is answered 501 and the connection
-closes (browsers do not pipeline; a client sending one request at a time is served).
+request only (a parser made, ~1 µs). httptools does not say where in a read it stopped: for an unknown method
+behind other requests in the same read (pipelined), the relay finds where they ended by walking their heads and
+Content-Length bodies again (``RequestReading._past_requests``); were that walk and the parser ever to disagree, the
+request is answered 501 and the connection closes rather than read from a guessed place.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ def read_method(data: bytes) -> tuple[int, bytes, int, str]:
     """The method token at the start of ``data`` (a request's first bytes, after the empty lines RFC 9112 §2.2 lets
     a server ignore): (WHOLE, the token, where it ends, ""); (MORE, b"", 0, "") while no space has ended it yet; or
     (status, b"", 0, why) for bytes that are no request (400) or a token past ``MAX_METHOD`` (501)."""
-    start = 0
-    while data.startswith(b"\r\n", start):
-        start += 2
+    # Any CR and LF bytes before it, as the parser skips them (llhttp and http-parser alike): a CRLF cut by a read's
+    # end leaves a lone LF at the start of the next.
+    start = len(data) - len(data.lstrip(b"\r\n"))
     end = data.find(b" ", start, start + MAX_METHOD + 1)
     token = data[start:start + MAX_METHOD + 1] if end < 0 else data[start:end]
     if any(byte not in _TCHAR for byte in token) or (end >= 0 and not token):

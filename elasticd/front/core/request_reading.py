@@ -41,6 +41,19 @@ _FRONT_READS_CHUNKS: Final = _PARSER_CHECKS_VERSION
 _HASH: Final = 0x23
 
 
+def _head_end(data: bytes, at: int) -> int:
+    """Where the head that goes on at ``at`` ends: past its empty line, or -1 when it does not end in ``data``.
+    llhttp ends every line with CRLF; http-parser (Debian's 0.1.x) takes a bare LF too, so there the first empty
+    line is the first LF after a line's LF, with or without its CR."""
+    if _PARSER_CHECKS_VERSION:
+        end = data.find(b"\r\n\r\n", at)
+        return end + 4 if end >= 0 else -1
+    crlf, lf = data.find(b"\n\r\n", at), data.find(b"\n\n", at)
+    if lf >= 0 and (crlf < 0 or lf < crlf):
+        return lf + 2
+    return crlf + 3 if crlf >= 0 else -1
+
+
 class _ChunkedBodyFollows(Exception):
     """Raised out of the parser's ``on_headers_complete`` to stop it after a chunked request's head: the front reads
     the body (``RequestReading._take_over_body``)."""
@@ -101,20 +114,31 @@ class RequestReading:
         entered = self.cur
         between = entered is None  # (at a request's first byte; and no head read whole in this read, below)
         queued = len(self.queue)
+        body_read = self.body_read  # (of ``entered``'s body, before this read: where this read's part of it ends)
         stopped: Exception | None = None
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             stopped = exc
         if stopped is not None:  # (handled out of the except clause: see _parser_stopped)
-            return self._parser_stopped(stopped, data, entered, queued)
+            return self._parser_stopped(stopped, data, entered, queued, body_read)
         cur = self.cur
         if cur is not None and cur.head is NO_HEAD:
-            before = self.started
-            if len(self.queue) == queued and (between or before is not None):
-                started = data if between or before is None else before + data
-                self.started = started if len(started) <= methods.MAX_METHOD else None
-            self.head_bytes += len(data)
+            if cur is entered:  # the head goes on from the reads before
+                size = len(data)
+                before = self.started
+                if before is not None:
+                    started = before + data
+                    self.started = started if len(started) <= methods.MAX_METHOD else None
+            else:
+                # The head began in this read: at its first byte, or where the requests before it in this read
+                # ended (found by the walk: rare, a pipelined head cut by the read's end). Its size counts from
+                # there, not the bodies before it.
+                at = 0 if between and len(self.queue) == queued else self._past_requests(
+                    data, entered, queued, body_read, True)
+                size = len(data) - at if at >= 0 else len(data)
+                self.started = data[at:] if at >= 0 and size <= methods.MAX_METHOD else None
+            self.head_bytes += size
             self.head_tail = data[-3:] if len(data) >= 3 else (self.head_tail + data)[-3:]
             limit = self.max_header_bytes
             if self.head_bytes > limit:
@@ -139,7 +163,8 @@ class RequestReading:
             return DISPATCH  # the common case, said so that the shell need not ask next_request
         return SERVE
 
-    def _parser_stopped(self, stopped: Exception, data: bytes, entered: Exchange | None, queued: int) -> int:
+    def _parser_stopped(self, stopped: Exception, data: bytes, entered: Exchange | None, queued: int,
+                        body_read: int) -> int:
         """The parser stopped inside ``data``: at a method it does not know, after an upgrade's or a chunked body's
         head, or at bytes it refuses (or at a bug of ours: a ``RelayError`` out of a callback).
 
@@ -154,9 +179,14 @@ class RequestReading:
                     return self._unknown_method(data)
                 if self.started is not None:  # ... or at the first byte of the reads kept
                     return self._unknown_method(self.started + data)
-            return self._parse_error(501, "a request method the front does not know, behind another in one read")
+            # ... or behind requests that ended in this read: where the last of them ended, found by the walk
+            at = self._past_requests(data, entered, queued, body_read, True)
+            if at < 0:
+                return self._parse_error(501, "a request method the front does not know, behind another request "
+                                              "whose end the front lost")
+            return self._unknown_method(data[at:])
         if isinstance(stopped.__context__, _ChunkedBodyFollows):
-            return self._take_over_body(data, entered, queued)
+            return self._take_over_body(data, entered, queued, body_read)
         if isinstance(stopped.__context__, RelayError):  # httptools wraps what a callback raised: ours, a bug
             raise stopped.__context__ from None
         # Over the head's limit only while in a head: a malformed chunk-size line in a body is a 400.
@@ -181,39 +211,53 @@ class RequestReading:
         self.method = method
         return self.receive(methods.PLACEHOLDER + data[end:])
 
-    def _take_over_body(self, data: bytes, entered: Exchange | None, queued: int) -> int:
+    def _take_over_body(self, data: bytes, entered: Exchange | None, queued: int, body_read: int) -> int:
         """The parser stopped after a chunked request's head (``_ChunkedBodyFollows``): the rest of ``data`` from
         where that head ended is the body's, read here (``chunked.py``); the parser is done with this connection's
-        bytes until the body ends (then a fresh one reads on).
+        bytes until the body ends (then a fresh one reads on)."""
+        at = self._past_requests(data, entered, queued, body_read, False)
+        if at < 0 or len(self.queue) == queued or self.cur is not self.queue[-1]:  # (the walk and the parser disagree)
+            return self._parse_error(400, "bad request: the front lost the framing of a chunked body")
+        self.chunks = ChunkedBody(self.max_header_bytes)
+        return self._chunked(data[at:])
+
+    def _past_requests(self, data: bytes, entered: Exchange | None, queued: int, body_read: int,
+                       last_body: bool) -> int:
+        """Where in ``data`` the heads read whole in this read end, with the last one's body when ``last_body``
+        (the parser stopped at the next request's unknown method) and without it when not (it stopped after a
+        chunked head); -1 when no head or body ended in this read, or when the walk and the parser disagree.
 
         httptools does not say where in ``data`` it stopped, so that is found again from what the reads know: a read
-        begins between requests, inside a head (its end is the first CRLFCRLF; llhttp accepts no bare LF, so there
-        is no other), or inside a Content-Length body (``body_read`` of it came before); each head read whole in
-        this read ends at its CRLFCRLF and its body, if any, is its Content-Length (a chunked one would have stopped
-        the parser itself, an upgrade too). The walk costs only these rare requests."""
-        heads = list(self.queue)[queued:]  # the heads read whole in this read; the last one the chunked request's
+        begins between requests, inside a head (its end is the first empty line), or inside a Content-Length body
+        (``body_read`` of it came before); each head read whole in this read ends at its empty line and its body, if
+        any, is its Content-Length (a chunked one would have stopped the parser itself, an upgrade too). The walk
+        costs only the rare requests that need it."""
+        heads = list(self.queue)[queued:]  # the heads read whole in this read
         in_head = bool(heads) and entered is heads[0]  # the read began inside the first one's head
-        at, end = 0, -1
+        at = 0
         if entered is not None and not in_head:  # the read began inside a body
-            at = int(entered.head.length or b"0") - self.body_read
+            if entered.head is NO_HEAD:
+                return -1
+            at = int(entered.head.length or b"0") - body_read
+        elif not heads:
+            return -1
         for n, ex in enumerate(heads):
             if n or not in_head:
                 while at < len(data) and data[at] in b"\r\n":  # the empty lines a request may follow
                     at += 1
-                end = data.find(b"\r\n\r\n", at)
-                at = end + 4
+                end = _head_end(data, at)
+                if end < 0:
+                    return -1
+                at = end
             else:  # the read began inside this head: its end may straddle the reads
-                end = (self.head_tail + data).find(b"\r\n\r\n")
-                at = end + 4 - len(self.head_tail)
-            if end < 0:
-                break
-            if ex is not heads[-1]:
+                tail = self.head_tail
+                end = _head_end(tail + data, 0)
+                if end < 0:
+                    return -1
+                at = end - len(tail)
+            if last_body or ex is not heads[-1]:
                 at += int(ex.head.length or b"0")
-        cur = self.cur
-        if end < 0 or not heads or cur is not heads[-1] or at > len(data):  # (the walk and the parser disagree)
-            return self._parse_error(400, "bad request: the front lost the framing of a chunked body")
-        self.chunks = ChunkedBody(self.max_header_bytes)
-        return self._chunked(data[at:])
+        return at if 0 <= at <= len(data) else -1
 
     def _chunked(self, data: bytes) -> int:
         """Bytes of a chunked body the front reads itself: its data handed on as the parser's would be; the bytes
