@@ -19,10 +19,11 @@ Why a worker's chunked body stays the parser's, where a client's is read by the 
 llhttp refuses BWS around a chunk extension's ``;`` (``5 ; a=b``), which RFC 9112 §7.1.1 allows, so on PyPI's
 httptools such an answer fails there (a 502, or the client's connection cut once its head went; Debian 12's
 http-parser reads it). Reading every chunked answer's body in Python to take that in was built and measured: 0.5 →
-4.1 µs per one-chunk answer (the parser stopped and made again) and 0.5 → 1.5 µs per further chunk. Chunked answers are common (every streamed one: Node's ``res.write``, Starlette's
-``StreamingResponse``), where chunked requests are rare, and httptools does not say where in a read it stopped, so a
-fallback on the parser's refusal alone cannot find the line it refused. A worker is its own tenant's: the 502 is
-its own app's, and the log says why ("sent a malformed answer (Invalid character in chunk extensions)").
+4.1 µs per one-chunk answer (the parser stopped and made again) and 0.5 → 1.5 µs per further chunk. Chunked answers
+are common (every streamed one: Node's ``res.write``, Starlette's ``StreamingResponse``), where chunked requests are
+rare, and httptools does not say where in a read it stopped, so a fallback on the parser's refusal alone cannot find
+the line it refused. A worker is its own tenant's: the 502 is its own app's, and the log says why ("sent a malformed
+answer (Invalid character in chunk extensions)").
 """
 
 from __future__ import annotations
