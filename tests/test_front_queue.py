@@ -10,6 +10,7 @@ import pytest
 
 from elasticd.config.model import Address, Quotas
 from elasticd.front import Front, RouteTable
+from elasticd.front.core import sticky
 from elasticd.front.core.counters import ForwardCounters, WorkerCounters
 from elasticd.front.core.dispatch import Queued, Target, decide
 from elasticd.front.core.exchange import Exchange
@@ -67,6 +68,21 @@ def test_the_queue_decision(name, ids, sticky, saturated, outcome):
     else:
         assert type(answer) is tuple and answer[0].worker_id == outcome
         assert quota.gate.in_flight == 1
+
+
+def test_a_new_user_that_waits_is_given_its_id_once_it_goes():
+    """A waiting request is decided again when it leaves the queue: its new user's id is made then, not twice."""
+    surface, forwards = Surface(60.0), ForwardCounters()
+    target = Target(AppRoute("acme", "shop", "green", label="acme/shop"), forwards.route("acme", "shop"), None)
+    workers = [_W("w1")]
+    drawn = (sticky._random.block, sticky._random.pos)
+    queued = decide(target, _head(None), 1.0, lambda t, a, g: workers, (), surface, place, forwards,
+                    saturated={"w1"})
+    assert queued == Queued("acme/shop/green", "")
+    assert (sticky._random.block, sticky._random.pos) == drawn  # no id drawn for it
+    went = decide(target, _head(None), 2.0, lambda t, a, g: workers, (), surface, place, forwards)
+    assert type(went) is tuple and len(went[1]) == 32
+    assert went[3].startswith(b"Set-Cookie: elastic_uid=" + went[1].encode())
 
 
 def test_a_pinned_user_goes_to_the_worker_it_is_emptied_from_whatever_is_saturated():

@@ -163,9 +163,7 @@ def _route(target: Target, head: RequestHead, now: float, user: str | None, entr
     placement — a new user on the reception (placement's choice), a returning one on its worker, the rest
     ``_place_again``."""
     route, quota = target.route, target.quota
-    fresh = user is None
-    if user is None:
-        user = new_user_id()
+    fresh = user is None  # (a new user's id is made when it is needed: a request that waits is decided again)
     # The user's group. The two common cases inline (a request pays no call for them): a returning user on the
     # app's default group, a new user of an app without a canary.
     if entry is not None and entry.group and entry.group == route.group:
@@ -173,12 +171,14 @@ def _route(target: Target, head: RequestHead, now: float, user: str | None, entr
     elif fresh and route.canary is None:
         group, counted = route.group, DEFAULT
     else:
+        if user is None:
+            user = new_user_id()  # (a canary's share is chosen by it)
         group, counted = _group_of(route, surface, user, entry, fresh)
     workers = workers_of(route.tenant, route.app, group)
     if unroutable:
         workers = [w for w in workers if w.worker_id not in unroutable]
     if not workers:
-        return _no_worker(route, target.stats, now, user, entry, group, quota, kept, wake, unroutable)
+        return _no_worker(route, target.stats, now, user or "", entry, group, quota, kept, wake, unroutable)
     if full:
         admitted = _admission(full, now, workers, route, group, entry)
         if isinstance(admitted, NoRoom):
@@ -195,6 +195,8 @@ def _route(target: Target, head: RequestHead, now: float, user: str | None, entr
             defaults[group] = defaults.get(group, 0) + 1
         else:
             forwards.routed(route.tenant, route.app, group, counted)
+    if user is None:
+        user = new_user_id()
     if fresh:
         chosen = place(None, surface, workers)
         first = workers[0]  # the reception, nearly always placement's choice for a new user: no search
