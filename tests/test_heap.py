@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from elasticd.heap import Heap, settle_delay
+from elasticd.heap import Heap, full_settle_delay
 
 
 @pytest.fixture(autouse=True)
@@ -19,15 +19,18 @@ def thawed() -> Iterator[None]:
     gc.unfreeze()  # (this test process collects everything again, whatever a test left)
 
 
-@pytest.mark.parametrize(("now", "last", "every", "delay"), [
-    (100.0, None, 60.0, 0.0),  # never settled: now
-    (100.0, 40.0, 60.0, 0.0),  # exactly `every` ago
-    (100.0, 10.0, 60.0, 0.0),  # long ago
-    (100.0, 70.0, 60.0, 30.0),  # 30 s ago: in 30 s
-    (100.0, 100.0, 60.0, 60.0),  # just now
+@pytest.mark.parametrize(("now", "last_full", "lights", "delay"), [
+    (100.0, None, 0, 0.0),  # never settled (the start): now
+    (100.0, 90.0, 0, None),  # no light settle since the last full one: nothing could have died frozen
+    (100.0, 90.0, 1, 3590.0),  # one reload since: an hour after the last
+    (5000.0, 90.0, 1, 0.0),  # ... long past
+    (100.0, 90.0, 99, 3590.0),
+    (100.0, 90.0, 100, 50.0),  # a panel's hundredth change: as soon as SETTLE_EVERY allows
+    (200.0, 90.0, 150, 0.0),
 ])
-def test_settle_delay(now: float, last: float | None, every: float, delay: float) -> None:
-    assert settle_delay(now, last, every) == pytest.approx(delay)
+def test_full_settle_delay(now: float, last_full: float | None, lights: int, delay: float | None) -> None:
+    got = full_settle_delay(now, last_full, lights, every=60.0, after=3600.0, most=100)
+    assert got == (None if delay is None else pytest.approx(delay))
 
 
 class _Node:
@@ -68,23 +71,45 @@ def test_a_full_pass_after_a_settle_walks_only_what_was_made_since() -> None:
     del long_lived
 
 
-def test_settles_asked_within_every_are_deferred_to_one() -> None:
+def test_a_light_settle_freezes_what_was_made_since_and_leaves_the_frozen_alone() -> None:
+    heap = Heap()
+    heap.settle()
+    frozen = gc.get_freeze_count()
+    died_frozen = _cycle()  # made before the settle below, dead by its end
+    gc.freeze()
+    new_garbage = _cycle()  # a reload's cycle, never frozen
+    made = [[n] for n in range(10_000)]  # what a reload made and keeps
+    heap.settle_light()
+    assert new_garbage() is None  # collected: what is not frozen is walked
+    assert died_frozen() is not None  # the frozen are not (the full settle frees them)
+    assert gc.get_freeze_count() >= frozen + len(made) and not gc.get_objects(generation=2)
+    assert (heap.lights, heap.settles) == (1, 1)
+    heap.settle()
+    assert died_frozen() is None and heap.lights == 0
+
+
+def test_reloads_settle_lightly_and_the_full_settle_comes_when_due() -> None:
     async def main() -> Heap:
-        heap = Heap(every=0.2)
+        heap = Heap(every=0.2, after=0.5, most=4)
         loop = asyncio.get_running_loop()
-        heap.settle_soon(loop)  # the start: now
-        assert heap.settles == 1
-        for _ in range(5):  # a panel's changes, one after another: one settle for all of them, `every` later
-            heap.settle_soon(loop)
-        assert heap.settles == 1
-        await asyncio.sleep(0.4)
-        assert heap.settles == 2
-        heap.settle_soon(loop)  # another reload, within `every` of that one: deferred again...
-        heap.stop()  # ...and dropped at the daemon's stop, the heap thawed
+        heap.settle_soon(loop)  # the start: a full settle now
+        assert (heap.settles, heap.lights) == (1, 0)
+        heap.settle_soon(loop)  # a reload: light now, the full one `after` later
+        assert (heap.settles, heap.lights) == (1, 1)
         await asyncio.sleep(0.3)
-        assert heap.settles == 2
+        assert heap.settles == 1
+        await asyncio.sleep(0.35)
+        assert (heap.settles, heap.lights) == (2, 0)
+        for _ in range(4):  # a panel's changes, one after another: the fourth brings the full one to `every`
+            heap.settle_soon(loop)
+        assert (heap.settles, heap.lights) == (2, 4)
+        await asyncio.sleep(0.3)
+        assert (heap.settles, heap.lights) == (3, 0)
+        heap.settle_soon(loop)  # another reload: its full settle is scheduled...
+        heap.stop()  # ...and dropped at the daemon's stop, the heap thawed
+        await asyncio.sleep(0.6)
+        assert heap.settles == 3
         assert gc.get_freeze_count() == 0
         return heap
 
     asyncio.run(main())
-
