@@ -389,6 +389,17 @@ def test_a_reload_remakes_only_the_changed_tenants_group_settings():
     assert set(m._groups) == {("acme", "shop", "green")}
     m.apply(_two_tenants(PoolSettings(max_workers=5), PoolSettings(max_workers=4)), changed=frozenset())
     assert m._groups[("initech", "shop", "green")].settings.pool.max_workers == 4
+    # A changed tenant's group renamed: the old one forgotten, the new one made; the other tenant's left alone.
+    renamed = _two_tenants(PoolSettings(max_workers=5), PoolSettings(max_workers=4))
+    shop = renamed.tenants["acme"].apps["shop"]
+    blue = Group(name="blue", command=("app",), pool=PoolSettings(max_workers=6))
+    renamed.tenants["acme"].apps["shop"] = App(name="shop", domains=shop.domains, root="/", default_group="blue",
+                                               groups={"blue": blue})
+    initech = m._groups[("initech", "shop", "green")]
+    m.apply(renamed, changed={"acme"})
+    assert set(m._groups) == {("acme", "shop", "blue"), ("initech", "shop", "green")}
+    assert m._groups[("acme", "shop", "blue")].settings.pool.max_workers == 6
+    assert m._groups[("initech", "shop", "green")] is initech
 
 
 def test_a_group_at_zero_keeps_its_idle_book_as_the_whole_idle_check_would():

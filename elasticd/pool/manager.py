@@ -130,16 +130,25 @@ class PoolManager:
         self._tick.interval = config.server.occupancy_interval
         self._tick.hung_after = config.server.hung_after
         self._retirement.move_timeout = config.server.move_timeout
-        wanted = {(t.name, a.name, g.name): (a, g) for t, a, g in config.spawned_groups()}
-        self._changes.bump()
-        for key in [k for k in self._groups if k not in wanted]:
-            del self._groups[key]
-        now = self._clock()
+        tenants = config.tenants
         groups = self._groups
+        if changed is None:
+            wanted = {(t.name, a.name, g.name): (a, g) for t, a, g in config.spawned_groups()}
+            gone = [key for key in groups if key not in wanted]
+        else:
+            # Only the changed tenants' groups are walked, and those of a tenant the pool has none of yet (a new one,
+            # whatever ``changed`` says): every other's are as they were, keys and settings.
+            known = {key[0] for key in groups}
+            walked = {*changed, *(name for name in tenants if name not in known)}
+            wanted = {(name, a.name, g.name): (a, g) for name in walked if (t := tenants.get(name)) is not None
+                      for a in t.apps.values() for g in a.groups.values() if g.spawned}
+            gone = [key for key in groups if key[0] not in tenants or (key[0] in walked and key not in wanted)]
+        self._changes.bump()
+        for key in gone:
+            del groups[key]
+        now = self._clock()
         for key, (app, group) in wanted.items():
             record = groups.get(key)
-            if record is not None and changed is not None and key[0] not in changed:
-                continue
             settings = GroupSettings(group.pool, group.concurrency, app.floor(group.name),
                                      group.name in app.active_groups)
             if record is None:
