@@ -41,6 +41,7 @@ import fnmatch
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Final
 
 from elasticd.config.isolation import BWRAP, SYSTEM_READ_ONLY, SYSTEM_TRY, inside, tmp_dirs
 from elasticd.config.model import Config, Tenant
@@ -203,8 +204,26 @@ def _secret_files(config: Config) -> list[str | None]:
         files.append(server.monitor.password_file)
     if server.registry is not None:
         files += [server.registry.secret_file, server.registry.key_file]
-    for _, _, group in config.groups():
-        for capacity in (group.capacity, *(node.capacity for node in group.nodes)):
-            if capacity is not None:
-                files += [capacity.secret_file, capacity.key_file]
+    known = _TENANT_SECRETS
+    seen: dict[str, tuple[Tenant, tuple[str | None, ...]]] = {}
+    for tenant in config.tenants.values():
+        kept = known.get(tenant.name)
+        if kept is None or kept[0] is not tenant:
+            kept = (tenant, _tenant_secret_files(tenant))
+        seen[tenant.name] = kept
+        files += kept[1]
+    known.clear()  # (only the tenants of the last config are kept)
+    known.update(seen)
     return files
+
+
+def _tenant_secret_files(tenant: Tenant) -> tuple[str | None, ...]:
+    return tuple(file for app in tenant.apps.values() for group in app.groups.values()
+                 for capacity in (group.capacity, *(node.capacity for node in group.nodes)) if capacity is not None
+                 for file in (capacity.secret_file, capacity.key_file))
+
+
+# Each tenant's capacity secret files, by name, with the model they were read from: a tenant's model is the very
+# object across reloads while its file is unchanged (config/include.py), so a reload walks the changed tenant's groups
+# alone (all 10,000 apps' were ~10 ms of every reload, on the front's loop).
+_TENANT_SECRETS: Final[dict[str, tuple[Tenant, tuple[str | None, ...]]]] = {}
