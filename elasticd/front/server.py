@@ -113,7 +113,7 @@ class Front:
         """Swap the table; requests already routed finish where they are (those waiting for a group at zero that
         the new table no longer has are decided again at the next tick: ``WaitingRequests.tick``)."""
         self.forwarding.set_routes(routes)
-        self.forwards.retain_routes({(r.tenant, r.app) for r in routes.routes()})
+        self.forwards.retain_routes(routes.routes_app)
 
     def set_quotas(self, quotas: Mapping[str, Quotas]) -> None:
         """New limits apply to the next request; requests in flight stay counted."""

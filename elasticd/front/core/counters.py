@@ -288,16 +288,16 @@ class ForwardCounters:
         self.workers.pop(worker_id, None)
         self.saturated.discard(worker_id)
 
-    def retain_routes(self, keys: set[tuple[str, str]]) -> None:
-        """After a reload: drop the stats of apps no longer routed (their series end)."""
-        for key in [k for k in self.routes if k not in keys]:
+    def retain_routes(self, routed: Callable[[str, str], bool]) -> None:
+        """After a reload: drop the stats of apps no longer routed (``routed(tenant, app)`` says no; their series
+        end)."""
+        for key in [k for k in self.routes if not routed(*k)]:
             del self.routes[key]
-        for routing in [k for k in self.routing if (k[0], k[1]) not in keys]:
+        for routing in [k for k in self.routing if not routed(k[0], k[1])]:
             del self.routing[routing]
-        labels = {f"{tenant}/{app}" for tenant, app in keys}
-        for queue in [k for k in self.queues if k.rsplit("/", 1)[0] not in labels]:
+        for queue in [k for k in self.queues if not routed(*k.split("/", 2)[:2])]:
             del self.queues[queue]
-        for refusal in [k for k in self.upstream_refusals if (k[0], k[1]) not in keys]:
+        for refusal in [k for k in self.upstream_refusals if not routed(k[0], k[1])]:
             del self.upstream_refusals[refusal]
 
     def retain_tenants(self, tenants: set[str]) -> None:
