@@ -317,16 +317,25 @@ class Daemon:
         fresh = self.cgroups.controllers(config, only=written)  # (the others' are as they were read last)
         self._controllers = {name: fresh.get(name, self._controllers.get(name, frozenset()))
                              for name in config.tenants}
+        # Each step below walks every app, a few ms each at 10,000 apps, and the front serves every tenant's requests
+        # on this loop: the loop gets a turn between two steps (``_turn``), so a reload holds a request for one step,
+        # not all of them. A request in between sees the new routes with the old pool's or probes' settings for that
+        # turn: a new app's group is not known to the pool yet (503, as before it existed), a removed one is already
+        # routed away (404); a step that starts or stops a worker already let the loop run in its middle.
+        await _turn()
         # Routes first: a removed app stops receiving traffic before its workers are stopped.
         self.front.set_routes(RouteTable.from_config(config, self.front.routes))
         self.front.set_quotas(_quotas(config))
         self.front.configure(request_timeout=config.server.request_timeout, user_ttl=config.server.user_ttl,
                              move_timeout=config.server.move_timeout, trusts=self._proxy_trust(config.server),
                              keep_underscored=config.server.underscored_headers == "keep")
+        await _turn()
         self.pool.apply(config, written)  # (only the changed tenants' groups are made again)
         if self.agent is not None:
             self.agent.rooms.apply(config)
+        await _turn()
         self.capacity.apply(config)  # nodes: groups' upstreams, and the probes (workers' start as they come up)
+        await _turn()
         # The budget reads rates over two sampler intervals and memory events over one smoothing window.
         server = config.server
         self.sampler.set_keep(max(CPU_SAMPLES, math.ceil(SMOOTHING_ROWS * server.occupancy_interval
@@ -337,14 +346,17 @@ class Daemon:
         self.channel.configure(server.occupancy_interval)
         problems.extend(await self.channel.serve({t: channel_path(server.runtime_dir, t) for t in config.tenants},
                                                  channel_inodes))
+        await _turn()
         result = await self.supervisor.apply(config)
         problems.extend(result.problems)
+        await _turn()
         self.capacity.sync()  # (a launch's workers join their group only once all of them are routable)
         if previous is not None:
             if result.retired:  # removed apps and tenants: their cgroups go once their workers have drained
                 self._track(self._remove_when_drained(previous, result.retired))
         else:
             await self.cgroups.remove_stale(config)
+        await _turn()
         # Reopened here: a reload may have added or removed cgroups under the sampler's descriptors.
         self.sampler.set_targets(self.cgroups.sampler_targets(config))
         self.config = config
@@ -653,6 +665,11 @@ def written_summary(written: frozenset[str], tenants: int) -> str:
         return f"no tenant changed (of {tenants}): no cgroup file written"
     return f"{len(written)} of {tenants} tenants written ({few(sorted(written))})"
 
+
+
+async def _turn() -> None:
+    """One turn of the event loop for everything else waiting on it (a reload's steps: see ``_activate``)."""
+    await asyncio.sleep(0)
 
 def _quotas(config: Config) -> dict[str, Quotas]:
     return {tenant.name: tenant.quotas for tenant in config.tenants.values()}

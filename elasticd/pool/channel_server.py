@@ -55,6 +55,10 @@ from elasticd.worker_ids import parse_worker_id
 
 __all__ = ["MAX_LINE", "REASONS", "ChannelError", "ChannelServer", "peer_credentials"]
 
+
+# Tenants whose socket is looked at (a stat of its file) before the loop gets a turn, during ``serve``.
+_STATS_A_TURN: Final = 256
+
 log = logging.getLogger("elasticd.channel")
 
 _ANSWERS = frozenset({"package", "installed", "refused", "register"})
@@ -210,7 +214,9 @@ class ChannelServer:
         problems = []
         for tenant in [t for t in self._listeners if t not in tenants]:
             await self._close_listener(tenant)
-        for tenant, path in tenants.items():
+        for n, (tenant, path) in enumerate(tenants.items(), 1):
+            if not n % _STATS_A_TURN:
+                await asyncio.sleep(0)  # (a stat per tenant: 2,000 of them held the front's loop ~14 ms a reload)
             listener = self._listeners.get(tenant)
             if listener is not None and listener.path == path and _inode(path) == listener.inode:
                 continue
