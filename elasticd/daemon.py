@@ -319,17 +319,16 @@ class Daemon:
                              for name in config.tenants}
         # Each step below walks every app, a few ms each at 10,000 apps, and the front serves every tenant's requests
         # on this loop: the loop gets a turn between two steps (``_turn``), so a reload holds a request for one step,
-        # not all of them. A request in between sees the new routes with the old pool's or probes' settings for that
-        # turn: a new app's group is not known to the pool yet (503, as before it existed), a removed one is already
-        # routed away (404); a step that starts or stops a worker already let the loop run in its middle.
-        await _turn()
+        # not all of them. Not before the pool has the routes' groups: a request for a group the pool does not know
+        # is a 503 ("no worker available") where one it knows waits for its worker (a crash's restart adopting its
+        # workers: 24-crash). After that, a request in between sees the new routes and groups with the old probes'
+        # settings for that turn; a step that starts or stops a worker already let the loop run in its middle.
         # Routes first: a removed app stops receiving traffic before its workers are stopped.
         self.front.set_routes(RouteTable.from_config(config, self.front.routes))
         self.front.set_quotas(_quotas(config))
         self.front.configure(request_timeout=config.server.request_timeout, user_ttl=config.server.user_ttl,
                              move_timeout=config.server.move_timeout, trusts=self._proxy_trust(config.server),
                              keep_underscored=config.server.underscored_headers == "keep")
-        await _turn()
         self.pool.apply(config, written)  # (only the changed tenants' groups are made again)
         if self.agent is not None:
             self.agent.rooms.apply(config)
