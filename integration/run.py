@@ -63,6 +63,9 @@ class HarnessError(Exception):
     """A failure of the run itself (not of a scenario): printed as is, exit 1."""
 
 
+BUILD_TAIL = 6  # lines of a failed .deb build carried into the closing reason
+
+
 def log(message: str) -> None:
     print(f"integration: {message}", flush=True)
 
@@ -72,10 +75,16 @@ def log(message: str) -> None:
 
 def build_deb(suite: str) -> Path:
     log(f"building the .deb for {suite} (packaging/deb/build --suite {suite})")
-    result = subprocess.run([str(REPO / "packaging" / "deb" / "build"), "--suite", suite], stdout=subprocess.PIPE,
+    result = subprocess.run([str(REPO / "packaging" / "deb" / "build"), "--suite", suite], capture_output=True,
                             text=True)
+    sys.stdout.write(result.stderr)  # (the build's own account, in order with this run's lines)
+    sys.stdout.flush()
     if result.returncode != 0:
-        raise HarnessError(f"packaging/deb/build --suite {suite} failed (see above)")
+        # Its last lines go into the reason too: CI keeps only the tail of the output, where two releases at once
+        # leave a "see above" scrolled away by the other release's whole run (stop 51's CI: no cause to read).
+        said = [line.strip() for line in result.stderr.splitlines() if line.strip()][-BUILD_TAIL:]
+        raise HarnessError(f"packaging/deb/build --suite {suite} failed (exit {result.returncode}); its last "
+                           f"lines: {' | '.join(said) or '(none)'}")
     return REPO / result.stdout.strip().splitlines()[-1]
 
 
@@ -403,7 +412,7 @@ def run_releases(suites: list[str], argv: list[str]) -> int:
             if line.startswith("integration: ") and line.endswith(f" ({suite})") and " passed, " in line:
                 counts[suite] = line.removeprefix("integration: ").removesuffix(f" ({suite})")
             elif line.startswith(f"integration: FAILED ({suite}): ") and suite not in reasons:
-                reasons[suite] = line.removeprefix(f"integration: FAILED ({suite}): ")[:600]
+                reasons[suite] = line.removeprefix(f"integration: FAILED ({suite}): ")[:1200]
             with lock:  # one whole line at a time from either
                 sys.stdout.write(f"[{suite}] {line}\n")
                 sys.stdout.flush()

@@ -44,13 +44,22 @@ root_ensure() {
         log="$root_cache/$name.log"
         rm -rf "$partial" "$target"
         echo "$root_tool: making $what $target (mmdebstrap from $root_mirror, a minute or two)" >&2
-        local began=$SECONDS
-        if ! "$make" "$partial" "$log"; then
+        local began=$SECONDS attempt=1
+        # A root is made from the network: a mirror in the middle of its sync answers "Hash Sum mismatch" or a 404
+        # for a while, and a failed fetch is not the build's fault. So a failure is tried again, twice, after 30 and
+        # 90 s; each failure's log tail is shown, and the third is final.
+        until "$make" "$partial" "$log"; do
             tail -n 30 "$log" >&2
-            echo "$root_tool: making $what failed; the whole log is $log" >&2
             rm -rf "$partial"
-            exit 1
-        fi
+            if [ "$attempt" -ge 3 ]; then
+                echo "$root_tool: making $what failed $attempt times; the whole log is $log" >&2
+                exit 1
+            fi
+            local pause=$((attempt == 1 ? 30 : 90))
+            echo "$root_tool: making $what failed (attempt $attempt of 3); trying again in $pause s" >&2
+            sleep "$pause"
+            attempt=$((attempt + 1))
+        done
         mv "$partial" "$target"
         date -u +%FT%TZ >"$target/complete"
         echo "$root_tool: made in $((SECONDS - began)) s" >&2
