@@ -47,7 +47,7 @@ from elasticd.control import DaemonControl, DaemonParts, ReloadResult
 from elasticd.crash.keeping import StateKeeping
 from elasticd.front import Front, RouteTable
 from elasticd.front.serving import BACKLOG
-from elasticd.heap import Heap
+from elasticd.heap import Heap, hold_full_passes
 from elasticd.keeper.link import KeeperLink, KeptRow
 from elasticd.keeper.own import KeeperSpawner, keeper_socket, reach_keeper
 from elasticd.limits.overrides import effective
@@ -717,6 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     stored = listen_fds(os.environ)
     close_strays(kept_descriptors(saved, stored))
     setup_logging(getattr(logging, args.log_level.upper()))
+    hold_full_passes()  # until the start's settle: the start makes everything, each full pass would walk it (heap.py)
     parsed = ParsedFiles()
     try:
         config = load_config(args.config, parsed)

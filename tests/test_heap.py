@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from elasticd.heap import Heap, full_settle_delay
+from elasticd.heap import Heap, full_settle_delay, hold_full_passes
 
 
 @pytest.fixture(autouse=True)
@@ -135,3 +135,24 @@ def test_a_settle_counts_the_frozen_only_for_a_debug_log(level: int, monkeypatch
     heap.settle_light()
     assert len(counted) == (2 if level == logging.DEBUG else 0)
     assert ("frozen" in caplog.text) == (level == logging.DEBUG)
+
+
+def test_full_passes_are_held_from_the_start_until_its_full_settle() -> None:
+    # daemon.main() holds them before the start builds everything; the start's settle collects once, freezes, and
+    # gives the collector its thresholds back. The young generations collect all along.
+    before = gc.get_threshold()
+    try:
+        hold_full_passes()
+        hold_full_passes()  # (twice is once: the thresholds kept are the operator's, not the held ones)
+        held = gc.get_threshold()
+        assert held[:2] == before[:2] and held[2] >= 1 << 30
+        heap = Heap()
+        heap.settle_light()
+        assert gc.get_threshold() == held  # (a light settle never comes first in the daemon; it leaves them)
+        heap.settle()
+        assert gc.get_threshold() == before
+        hold_full_passes()
+        heap.stop()  # a daemon that stops before its first settle leaves its process collecting as before
+        assert gc.get_threshold() == before
+    finally:
+        gc.set_threshold(*before)
