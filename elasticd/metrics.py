@@ -28,6 +28,7 @@ from elasticd.accounting.exposition import expose
 from elasticd.accounting.tenant_metrics import AccountingCollector, SampleSource
 from elasticd.aiohttp_grace import grace
 from elasticd.config.model import Address, Resources
+from elasticd.heap import full_passes_held
 from elasticd.listener_guard.accepting import GuardedAccept
 from elasticd.listener_guard.guard import ListenerGuard
 from elasticd.listeners import bind_tcp
@@ -112,11 +113,13 @@ class MetricsServer:
     async def _metrics(self, request: web.Request) -> web.Response:
         # Collected on the loop (the collectors read what it owns) in slices between families: at 10,000 apps the
         # whole collection held the front's loop ~75 ms (loop_slices.py). Each family is made whole in one step.
-        families = await gather_in_slices(self.registry.collect())
-        # Writing the text is most of a scrape (~45 ms for 1,000 apps on a small VM): in a thread, so the
-        # event loop (the front proxy) runs meanwhile; it only reads the families collected above, which
-        # nothing else holds. One thread: concurrent scrapes queue rather than pile up.
-        body = await asyncio.get_running_loop().run_in_executor(self._executor, expose, families)
+        with full_passes_held():  # (the series live until the page is written: heap.py)
+            families = await gather_in_slices(self.registry.collect())
+            # Writing the text is most of a scrape (~45 ms for 1,000 apps on a small VM): in a thread, so the
+            # event loop (the front proxy) runs meanwhile; it only reads the families collected above, which
+            # nothing else holds. One thread: concurrent scrapes queue rather than pile up.
+            body = await asyncio.get_running_loop().run_in_executor(self._executor, expose, families)
+            del families
         # CONTENT_TYPE_LATEST carries a charset parameter, which web.Response(content_type=) refuses.
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

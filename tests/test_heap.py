@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from elasticd.heap import Heap, full_settle_delay, hold_full_passes
+from elasticd.heap import Heap, full_passes_held, full_settle_delay, hold_full_passes
 
 
 @pytest.fixture(autouse=True)
@@ -153,6 +153,26 @@ def test_full_passes_are_held_from_the_start_until_its_full_settle() -> None:
         assert gc.get_threshold() == before
         hold_full_passes()
         heap.stop()  # a daemon that stops before its first settle leaves its process collecting as before
+        assert gc.get_threshold() == before
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_a_scrapes_hold_and_the_starts_let_go_in_any_order() -> None:
+    before = gc.get_threshold()
+    try:
+        hold_full_passes()
+        with full_passes_held():
+            Heap().settle()  # the start's settle comes while a scrape is under way: the scrape still holds
+            assert gc.get_threshold()[2] >= 1 << 30
+            with full_passes_held():  # (two scrapes at once)
+                pass
+            assert gc.get_threshold()[2] >= 1 << 30
+        assert gc.get_threshold() == before
+        with full_passes_held():
+            hold_full_passes()
+        assert gc.get_threshold()[2] >= 1 << 30  # the start's, until its settle
+        Heap().settle()
         assert gc.get_threshold() == before
     finally:
         gc.set_threshold(*before)

@@ -216,3 +216,21 @@ def test_fast_exposition_is_byte_for_byte_generate_latest(tree):
     assert page == generate_latest(registry)
     assert b"elasticd_tenant_cpu_usage_seconds_total" in page and b"odd_latency_seconds_bucket" in page
     sampler.close()
+
+
+async def test_a_scrape_holds_the_collectors_full_passes_while_its_series_live(server):
+    # Its series set off one full pass after another while they lived (heap.py): held for the scrape, given back after.
+    import gc
+
+    seen: list[tuple[int, int, int]] = []
+
+    class Watching:
+        def collect(self):
+            seen.append(gc.get_threshold())
+            return iter(())
+
+    before = gc.get_threshold()
+    server.extra_collectors.append(Watching())
+    assert (await _get(server))[0] == 200
+    assert seen and seen[0][:2] == before[:2] and seen[0][2] >= 1 << 30
+    assert gc.get_threshold() == before

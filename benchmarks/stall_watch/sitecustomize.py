@@ -4,7 +4,7 @@
 
 Python imports ``sitecustomize`` at start from the path, so the daemon runs unchanged with two probes added. Each
 writes a line to stderr, stamped with ``time.monotonic()`` (one clock for every process on the host: a client's slow
-answers can be matched to the lines by it):
+answers can be matched to the lines by it) and its pid (the daemon's children inherit the environment, and watch too):
 
 - ``stall-watch: gc``: every collection over 3 ms, its generation, duration and what it freed, and the thread it ran
   in (a collection holds the interpreter: no thread runs, the loop waits);
@@ -35,7 +35,7 @@ _BUSY_OVER = 0.015
 
 
 def _say(text: str) -> None:
-    sys.stderr.write(f"stall-watch: {time.monotonic():.3f} {text}\n")
+    sys.stderr.write(f"stall-watch: {time.monotonic():.3f} pid {os.getpid()} {text}\n")
 
 
 def _stack(frame: FrameType | None, depth: int = 7) -> str:
