@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import grp
+import json
 import os
 import socket
 from dataclasses import dataclass, field
@@ -8,7 +9,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 
-from elasticd.api.server import AdminApi, SocketInUse
+from elasticd.api.server import AdminApi, SocketInUse, json_in_slices
 
 
 @dataclass
@@ -24,8 +25,8 @@ class FakeControl:
         self.outcome = outcome
         self.reloads = 0
 
-    def status(self):
-        return {"pid": 1}
+    async def status_in_slices(self):
+        return {"pid": 1, "tenants": {}}
 
     async def reload(self, everything: bool = False):
         self.reloads += 1
@@ -45,7 +46,7 @@ async def test_routes_and_refusals(tmp_path):
     await api.start()
     try:
         assert oct(os.stat(api.path).st_mode & 0o777) == "0o600"
-        assert await _call(api.path, "GET", "/v1/status") == (200, {"pid": 1})
+        assert await _call(api.path, "GET", "/v1/status") == (200, {"pid": 1, "tenants": {}})
         code, body = await _call(api.path, "POST", "/v1/reload")
         assert (code, body["ok"], body["error"]) == (422, False, "tenants.acme (line 3): bad")
         control.outcome = Outcome(ok=True, problems=["note"])
@@ -104,3 +105,19 @@ def test_openapi_describes_every_route():
     app = AdminApi(FakeControl(Outcome(ok=True)), "/unused")._app()
     served = {(r.resource.canonical, r.method) for r in app.router.routes() if r.method != "HEAD"}
     assert served == described
+
+
+@pytest.mark.parametrize("value", [
+    {"tenants": {}},
+    {"pid": 1, "tenants": {}},
+    {"pid": 1, "name": "caf\u00e9 \"x\"", "tenants": {"acme": {"apps": {"shop": [1, 2.5, None, True]}},
+                                                       "b\u00e9ta": {"limits": {"cpu": "50%"}}}},
+    {"tenants": {f"t{i:04d}": {"apps": {f"a{j}": {"workers": []} for j in range(5)}} for i in range(3000)}},
+])
+async def test_a_status_is_encoded_in_slices_as_json_dumps_would(value) -> None:
+    assert await json_in_slices(value, "tenants") == json.dumps(value).encode()
+
+
+async def test_json_in_slices_wants_its_mapping_last() -> None:
+    with pytest.raises(ValueError, match="last key"):
+        await json_in_slices({"tenants": {}, "pid": 1}, "tenants")
