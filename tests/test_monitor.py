@@ -24,7 +24,10 @@ from elasticd.monitor.census import ask_all
 from elasticd.monitor.page import MonitorPage, local_host
 from elasticd.monitor.population import RegisterError, RegisterRow, WorkerAnswer, fuse, parse_register
 from elasticd.monitor.terminal import bar, render_population, render_watch, sparkline
-from elasticd.worker import executor, run_sync, sensor, setup
+
+# (not imported as "setup": Debian 12's pytest 7 calls a module's setup() as nose did, with the module)
+from elasticd.worker import executor, run_sync, sensor
+from elasticd.worker import setup as setup_worker
 from elasticd.worker.channel import ChannelClient
 from elasticd.worker.sensor import Sensor
 
@@ -286,7 +289,7 @@ def test_the_sensors_register_and_what_the_app_reports():
 
 async def test_streams_and_websockets_are_connections_and_the_executor_queue_is_measured(tmp_path):
     app = web.Application()
-    made = setup(app, concurrency=1)
+    made = setup_worker(app, concurrency=1)
 
     @web.middleware
     async def cloning(request: web.Request, handler):  # an inner middleware that clones (as aiohttp-remotes)

@@ -20,7 +20,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from elasticd.worker import setup
+# (not imported as "setup": Debian 12's pytest 7 calls a module's setup() as nose did, with the module)
+from elasticd.worker import setup as setup_worker
 from elasticd.worker.channel import ChannelClient
 from elasticd.worker.heartbeat import Heartbeat, heartbeat_period
 from elasticd.worker.sensor import Sensor
@@ -267,7 +268,7 @@ async def test_reports_keep_coming_while_a_handler_holds_the_event_loop(daemon, 
 
     app = web.Application()
     app.router.add_get("/hold", hold)
-    setup(app, concurrency=4)
+    setup_worker(app, concurrency=4)
     runner = web.AppRunner(app)
     await runner.setup()
     app_sock = str(tmp_path / "app.sock")
