@@ -425,6 +425,10 @@ def run_releases(suites: list[str], argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, stop_children)
     signal.signal(signal.SIGINT, stop_children)
+    # What the children make in the checkout's top directory, made before they start: one's dist/ or build/
+    # appearing while the other's .deb build copies the checkout made that copy's tar fail (stop 53's CI).
+    for made in (REPO / "dist", DEFAULT_WORK):
+        made.mkdir(exist_ok=True)
     for suite in suites:
         # (--suite last: it is the one each child takes)
         children[suite] = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *forwarded,
