@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 import weakref
 from collections.abc import Iterator
 
 import pytest
 
-from elasticd.heap import Heap, full_passes_held, full_settle_delay, hold_full_passes
+from elasticd.heap import HOLD_MOST, Heap, full_passes_held, full_settle_delay, hold_full_passes
 
 
 @pytest.fixture(autouse=True)
@@ -173,6 +174,39 @@ def test_a_scrapes_hold_and_the_starts_let_go_in_any_order() -> None:
             hold_full_passes()
         assert gc.get_threshold()[2] >= 1 << 30  # the start's, until its settle
         Heap().settle()
+        assert gc.get_threshold() == before
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_scrapes_overlapping_without_a_gap_make_the_full_pass_they_held_off_once_every_hold_most(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two scrapers at short intervals: each scrape's hold begins before the other's ends, and without a bound no
+    # automatic full pass would come as long as they go on (old cycles kept meanwhile).
+    passes: list[int] = []
+    real = gc.collect
+    monkeypatch.setattr(gc, "collect", lambda generation=2: passes.append(generation) or real(generation))
+    before = gc.get_threshold()
+    try:
+        first = full_passes_held(now=100.0)
+        first.__enter__()
+        for step in range(1, 8):  # a new scrape every 10 s, each until the next has begun
+            following = full_passes_held(now=100.0 + 10 * step)
+            following.__enter__()
+            first.__exit__(None, None, None)
+            first = following
+            assert gc.get_threshold()[2] >= 1 << 30
+        first.__exit__(None, None, None)
+        assert passes == [2, 2]  # at 130 s and 160 s: one full pass each HOLD_MOST, not one per scrape
+        assert gc.get_threshold() == before
+        with full_passes_held(now=500.0), full_passes_held(now=529.0):  # (a gap began the count anew)
+            pass
+        assert passes == [2, 2]
+        hold_full_passes()  # the start holds: its own settle is the pass to come
+        with full_passes_held(now=time.monotonic() + HOLD_MOST * 2):
+            pass
+        assert passes == [2, 2]
+        Heap().settle()  # (a pass itself, and the count begins again from it)
         assert gc.get_threshold() == before
     finally:
         gc.set_threshold(*before)
