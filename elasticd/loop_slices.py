@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final, TypeVar
 
 __all__ = ["GIL_SWITCH", "LOOP_SLICE", "gather_in_slices"]
@@ -30,16 +30,18 @@ GIL_SWITCH: Final = 0.0005
 T = TypeVar("T")
 
 
-async def gather_in_slices(items: Iterable[T], slice_seconds: float | None = None) -> list[T]:
+async def gather_in_slices(items: Iterable[T], slice_seconds: float | None = None,
+                           clock: Callable[[], float] = time.perf_counter) -> list[T]:
     """``list(items)``, with a turn of the loop whenever making them took ``slice_seconds`` (``LOOP_SLICE`` unless
-    said) since the last: for an iterable that does its work as it goes (a generator), each step of which is short."""
+    said) since the last, by ``clock``: for an iterable that does its work as it goes (a generator), each step of
+    which is short."""
     if slice_seconds is None:
         slice_seconds = LOOP_SLICE
     gathered: list[T] = []
-    began = time.perf_counter()
+    began = clock()
     for item in items:
         gathered.append(item)
-        if time.perf_counter() - began >= slice_seconds:
+        if clock() - began >= slice_seconds:
             await asyncio.sleep(0)
-            began = time.perf_counter()
+            began = clock()
     return gathered

@@ -17,9 +17,12 @@ from elasticd.loop_slices import gather_in_slices
 from elasticd.metrics import MetricsServer
 
 
-def _made(log: list[str], count: int, each: float) -> Iterator[int]:
+def _made(log: list[str], count: int, each: float, clock: list[float] | None = None) -> Iterator[int]:
     for n in range(count):
-        time.sleep(each)  # a step's work
+        if clock is None:
+            time.sleep(each)  # a step's work
+        else:
+            clock[0] += each  # (a step's work, on the test's clock: the same order on a loaded machine)
         log.append(f"made {n}")
         yield n
 
@@ -35,7 +38,9 @@ async def test_the_loop_turns_between_two_steps_once_a_slice_of_work_was_done() 
     other = asyncio.get_running_loop().create_task(_other(log))
     await asyncio.sleep(0)
     log.clear()
-    gathered = await gather_in_slices(_made(log, 4, 0.003), slice_seconds=0.005)  # a turn every second step
+    now = [0.0]
+    gathered = await gather_in_slices(_made(log, 4, 0.003, now), slice_seconds=0.005,  # a turn every second step
+                                      clock=lambda: now[0])
     other.cancel()
     assert gathered == [0, 1, 2, 3]
     assert log[:5] == ["made 0", "made 1", "other", "made 2", "made 3"]
