@@ -122,12 +122,19 @@ def test_high_without_cgroups_measures_the_worker_process_trees_and_says_so(daem
     d.start()
     d.wait_workers("acme", "shop", "green", lambda ws: any(w["state"] == "running" for w in ws))
     d.wait_workers("globex", "blog", "main", lambda ws: any(w["state"] == "running" for w in ws))
-    busy = threading.Thread(target=lambda: [d.get("shop.localhost", "/cpu?ms=400") for _ in range(6)])
-    busy.start()  # acme's worker spins in its handler while high samples
+    sampled = threading.Event()
+
+    def spin() -> None:  # acme's worker spins in its handler until high has sampled (its start-up may be slow)
+        while not sampled.is_set():
+            d.get("shop.localhost", "/cpu?ms=400")
+
+    busy = threading.Thread(target=spin)
+    busy.start()
     try:
         time.sleep(0.3)
         result = d.ctl("high", "--json", "--apps", "--interval-ms", "1500")
     finally:
+        sampled.set()
         busy.join()
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)

@@ -102,7 +102,7 @@ def test_a_saturated_group_queues_to_its_max_and_refuses_the_rest_at_once(daemon
 
     def ask() -> None:
         started = time.monotonic()
-        status, headers = _get(d, "/sleep?ms=600")
+        status, headers = _get(d, "/sleep?ms=1500")  # (long beside the threads' starts: a loaded machine's too)
         with lock:
             results.append((status, headers, time.monotonic() - started))
 
@@ -115,8 +115,8 @@ def test_a_saturated_group_queues_to_its_max_and_refuses_the_rest_at_once(daemon
     served = sorted(took for status, _, took in results if status == 200)
     refused = [(headers, took) for status, headers, took in results if status == 503]
     assert len(served) == 3 and len(refused) == 3, results
-    assert all(headers.get("Retry-After") == "1" and took < 0.5 for headers, took in refused), refused
-    assert served[-1] > 1.6  # the queued ones were served after the first, one at a time
+    assert all(headers.get("Retry-After") == "1" and took < 1.0 for headers, took in refused), refused
+    assert served[-1] > 4.0  # the queued ones were served after the first, one at a time
     metrics = _metrics(d)
     assert 'elasticd_queue_refusals_total{app="shop",group="green",reason="full",tenant="acme"} 3.0' in metrics
     assert 'elasticd_queue_wait_seconds_count{app="shop",group="green",tenant="acme"} 2.0' in metrics

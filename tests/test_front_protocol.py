@@ -299,13 +299,16 @@ def test_idle_keep_alive_connections_are_closed(workers: list[Upstream]) -> None
 def test_stop_lets_answers_under_way_finish(workers: list[Upstream]) -> None:
     async def scenario() -> tuple[int, str]:
         async with front(workers) as f, client(f) as request:
-            slow = asyncio.ensure_future(request("/sleep?ms=300").__aenter__())
-            await asyncio.sleep(0.1)
+            slow = asyncio.ensure_future(request("/sleep?ms=1000").__aenter__())
+            deadline = asyncio.get_running_loop().time() + 5
+            while not f.forwards.open:  # (under way: at its worker)
+                assert asyncio.get_running_loop().time() < deadline, "the request never reached its worker"
+                await asyncio.sleep(0.01)
             await f.stop(grace=5)
             resp = await slow
             return resp.status, await resp.text()
 
-    assert run(scenario()) == (200, '{"slept_ms": 300}')
+    assert run(scenario()) == (200, '{"slept_ms": 1000}')
 
 
 def test_a_second_answer_in_the_same_read_is_dropped_and_the_first_stands(tmp_path: Path) -> None:

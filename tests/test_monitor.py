@@ -105,7 +105,8 @@ async def test_the_census_asks_every_library_worker_at_once_and_a_silent_one_is_
         answering.touch(f"{i:032x}", time.monotonic())
     answering.touch(A, time.monotonic())
     registry.workers["t.a.g.1"] = ("token-1", os.getpid())
-    client = ChannelClient(answering.report, path=server.path("t"), worker_id="t.a.g.1", token="token-1", interval=0.2,
+    # (At the server's interval: one reporting faster is struck out after a few seconds, "too-fast".)
+    client = ChannelClient(answering.report, path=server.path("t"), worker_id="t.a.g.1", token="token-1", interval=5.0,
                            register=answering.register)
     client.start()
     reader, writer = await asyncio.open_unix_connection(server.path("t"))  # announces the monitor, never answers
@@ -119,7 +120,7 @@ async def test_the_census_asks_every_library_worker_at_once_and_a_silent_one_is_
                 break
             await asyncio.sleep(0.02)
         started = time.monotonic()
-        answers = await ask_all(server, [("t.a.g.1", "g"), ("t.a.g.2", "g"), ("t.a.g.3", "g")], timeout=0.5)
+        answers = await ask_all(server, [("t.a.g.1", "g"), ("t.a.g.2", "g"), ("t.a.g.3", "g")], timeout=3.0)
         took = time.monotonic() - started
         again = await ask_all(server, [("t.a.g.1", "g")], timeout=2.0)  # the big answer left its channel up
     finally:
@@ -129,7 +130,7 @@ async def test_the_census_asks_every_library_worker_at_once_and_a_silent_one_is_
     assert answers[0].error is None and len(answers[0].register) == 2001 and answers[0].register[-1].user == A
     assert answers[1] == WorkerAnswer("t.a.g.2", "g", error="unreachable")
     assert answers[2] == WorkerAnswer("t.a.g.3", "g", asked=False)  # never announced the library
-    assert took < 1.0  # asked at once: one timeout, not one per worker
+    assert took < 5.0  # asked at once: one timeout (3 s, long for a loaded machine), not one per worker (6 s)
     assert again[0].error is None and len(again[0].register) == 2001
 
 

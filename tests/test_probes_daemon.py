@@ -107,12 +107,16 @@ def test_a_worker_that_says_it_is_full_gets_no_new_user_and_a_failing_probe_forg
     assert status == 200 and reception in body
     assert _capacity(d, reception)["state"] == "unreachable"
     assert "capacity probe of acme.shop.green.1: unreachable (HTTP 503" in d.log_text()
-    time.sleep(0.5)  # five more failing polls: still one line (said once per change of state, not per tick)
+
+    def failed_polls() -> float:
+        lines = [line for line in _get(d.metrics_port, "/metrics")[1].decode().splitlines()
+                 if line.startswith('elasticd_capacity_probe_failures_total{app="shop",group="green",'
+                                    'node="acme.shop.green.1",reason="unreachable",tenant="acme"}')]
+        return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
+
+    _wait(lambda: failed_polls() >= 3, "every failed poll counted")
+    time.sleep(0.5)  # more failing polls: still one line (said once per change of state, not per tick)
     assert d.log_text().count("capacity probe of acme.shop.green.1: unreachable (HTTP 503") == 1
-    failures = [line for line in _get(d.metrics_port, "/metrics")[1].decode().splitlines()
-                if line.startswith('elasticd_capacity_probe_failures_total{app="shop",group="green",'
-                                   'node="acme.shop.green.1",reason="unreachable",tenant="acme"}')]
-    assert failures and float(failures[0].rsplit(" ", 1)[1]) >= 3, failures  # every failed poll counted
     print(f"reading forgotten {forgotten:.2f}s after its source failed (interval 0.1s)")
 
 
@@ -215,6 +219,7 @@ class RegistryProxy:
         self.upstream_port, self.key = upstream_port, key
         self.mode = "pass"
         self.first: tuple[bytes, str] | None = None
+        self.passed = 0  # snapshots fetched and passed on
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -246,6 +251,7 @@ class RegistryProxy:
         if self.mode in ("replay", "stale") and self.first is not None:
             return self.first
         body, signature = self.fetch(authorization)
+        self.passed += 1
         if self.first is None:
             self.first = (body, signature)
         if self.mode == "forge":  # the host's signature on a body that says the node is empty
@@ -307,7 +313,11 @@ def test_two_daemons_a_node_group_reads_the_hosts_signed_registry_and_refuses_fo
             if mode == "replay":
                 proxy.first = None
                 proxy.mode = "pass"
-                time.sleep(0.3)  # the first snapshot captured, then newer ones accepted
+                passed = proxy.passed
+                deadline = time.monotonic() + 10
+                while proxy.passed < passed + 3:  # the first snapshot captured, then newer ones accepted
+                    assert time.monotonic() < deadline, "no snapshot passed on"
+                    time.sleep(0.05)
                 proxy.mode = "replay"
             elif mode == "stale":
                 deadline = time.monotonic() + 10

@@ -159,8 +159,10 @@ async def test_start_polls_at_once_and_twice_is_one_timer(rig: Rig) -> None:
     await asyncio.sleep(0.6)
     elapsed = time.monotonic() - begun
     expected = elapsed / 0.05 + 1  # one at once, then one per interval at most
-    assert 0.5 * expected <= hits2["n"] <= expected + 1, (hits2["n"], expected)
-    assert probe.polls == hits2["n"] and probe.skipped == 0
+    # (At most: a second start is no second timer. How many of those ticks found the last poll still under way, and
+    # were skipped, is the machine's speed: on a loaded one a poll outlasts 50 ms.)
+    assert hits2["n"] >= 3 and probe.polls + probe.skipped <= expected + 1, (hits2["n"], probe.skipped, expected)
+    assert probe.polls == hits2["n"]
     probe.stop()
     probe.start()  # a no-op once stopped
     stopped_at = hits2["n"]

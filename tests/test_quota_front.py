@@ -41,13 +41,13 @@ def metrics(f: Any) -> str:
 
 
 def test_concurrency_quota(worker: list[Upstream]) -> None:
-    """max_concurrent_requests: 2 with 6 parallel /sleep?ms=500: exactly 2 succeed, 4 get 503 + Retry-After;
+    """max_concurrent_requests: 2 with 6 parallel /sleep?ms=1500: exactly 2 succeed, 4 get 503 + Retry-After;
     the other tenant, meanwhile, is served."""
     quotas = {"acme": Quotas(max_concurrent_requests=2), "globex": Quotas()}
 
     async def scenario() -> tuple[Counter, list[tuple[int, str | None]], str, int]:
         async with front(worker, quotas=quotas) as f, client(f) as request:
-            slow = [asyncio.ensure_future(fetch(request, "/sleep?ms=500")) for _ in range(6)]
+            slow = [asyncio.ensure_future(fetch(request, "/sleep?ms=1500")) for _ in range(6)]
             await asyncio.sleep(0.2)  # all six arrived; two are at the worker
             other = await asyncio.gather(*(fetch(request, "/sleep?ms=10", host="blog.localhost") for _ in range(3)))
             results = Counter(await asyncio.gather(*slow))
@@ -103,11 +103,12 @@ def test_reload_relimits_and_keeps_requests_in_flight(worker: list[Upstream]) ->
         steps: list[Any] = []
         async with front(worker, quotas={"acme": Quotas(max_concurrent_requests=2)}) as f, \
                 client(f) as request:
-            held = [asyncio.ensure_future(fetch(request, "/sleep?ms=600")) for _ in range(2)]
+            # (held for seconds: the steps below run while they are in flight, on a loaded machine too)
+            held = [asyncio.ensure_future(fetch(request, "/sleep?ms=3000")) for _ in range(2)]
             await asyncio.sleep(0.15)
             steps.append(await fetch(request, "/"))  # full: 503
             f.set_quotas({"acme": Quotas(max_concurrent_requests=3)})  # a reload raises the limit
-            held.append(asyncio.ensure_future(fetch(request, "/sleep?ms=400")))
+            held.append(asyncio.ensure_future(fetch(request, "/sleep?ms=2500")))
             await asyncio.sleep(0.15)
             steps.append(await fetch(request, "/"))  # 3 in flight under the new limit of 3: 503
             f.set_quotas({"acme": Quotas(max_concurrent_requests=1)})  # lowered below what is in flight

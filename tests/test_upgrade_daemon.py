@@ -207,7 +207,7 @@ def test_an_upgrade_under_load_keeps_pids_users_requests_and_a_websocket(daemons
 
 
 def test_a_request_awaiting_its_answer_is_carried_and_answered_by_the_new_image(daemons, tmp_path):
-    """A newcomer's slow request (4 s, past the grace of 3 s) on a kept-alive connection, in flight when the upgrade
+    """A newcomer's slow request (8 s, past the grace of 3 s) on a kept-alive connection, in flight when the upgrade
     is asked: it holds nobody's upgrade (neither phase waits for it: the whole step is as quick as without it), and
     it is not cut at the grace either: the new image relays its
     answer — with the sticky cookie a newcomer's first answer sets —, and the connection serves on; the cookie then
@@ -220,7 +220,7 @@ def test_a_request_awaiting_its_answer_is_carried_and_answered_by_the_new_image(
 
     def slow() -> None:
         conn = http.client.HTTPConnection(d.host, d.port, timeout=30)
-        conn.request("GET", "/sleep?ms=4000", headers={"Host": "shop.localhost"})
+        conn.request("GET", "/sleep?ms=8000", headers={"Host": "shop.localhost"})
         response = conn.getresponse()
         set_cookie = response.getheader("Set-Cookie") or ""
         outcome["first"] = (response.status, response.read().decode(), set_cookie)
@@ -237,9 +237,9 @@ def test_a_request_awaiting_its_answer_is_carried_and_answered_by_the_new_image(
     report = _upgrade(d)["report"]
     thread.join(30)
     assert report["outcome"] == "done" and report["requests"] == 1 and report["cut"] == 0, report
-    assert report["waited"] < 2.5, report  # not the 3.5 s left of the request: neither phase waited for it
+    assert report["waited"] < 2.5, report  # not the 7.5 s left of the request: neither phase waited for it
     status, body, set_cookie = outcome["first"]
-    assert status == 200 and json.loads(body) == {"slept_ms": 4000}, (status, body, d.log_text()[-3000:])
+    assert status == 200 and json.loads(body) == {"slept_ms": 8000}, (status, body, d.log_text()[-3000:])
     assert "elastic_uid=" in set_cookie, set_cookie  # the newcomer's cookie, set by the new image's relay
     assert outcome["second"][0] == 200, outcome
     second = json.loads(outcome["second"][1])
@@ -260,11 +260,12 @@ tenants:
             command: ["{{python}}", "-m", "elasticd.demo"]
             concurrency: 1
             pool: {{min_workers: 1, max_workers: 1}}
+            queue: {{timeout: 30s}}
 """
 
 
 def test_a_request_waiting_for_its_saturated_worker_is_carried_and_sent_once_by_the_new_image(daemons, tmp_path):
-    """A tenant whose one worker (concurrency 1) is busy with a 4 s request: a second one (the user's in-process
+    """A tenant whose one worker (concurrency 1) is busy with an 8 s request: a second one (the user's in-process
     counter) waits in its group's queue when the upgrade is asked. Neither holds the upgrade (it waits for neither),
     neither is cut: the first is carried awaiting its answer, the second goes over as its client sent it, and the new
     image sends it, once: the worker counts it once."""
@@ -282,7 +283,7 @@ def test_a_request_waiting_for_its_saturated_worker_is_carried_and_sent_once_by_
         outcome[name] = (response.status, response.read().decode())
         conn.close()
 
-    slow = threading.Thread(target=ask, args=("slow", "GET", "/sleep?ms=4000"))
+    slow = threading.Thread(target=ask, args=("slow", "GET", "/sleep?ms=8000"))
     slow.start()
     time.sleep(0.5)
     queued = threading.Thread(target=ask, args=("queued", "GET", "/counter"))
@@ -293,7 +294,7 @@ def test_a_request_waiting_for_its_saturated_worker_is_carried_and_sent_once_by_
     queued.join(30)
     assert report["outcome"] == "done" and report["requests"] == 2 and report["cut"] == 0, report
     assert report["waited"] < 2.5, report
-    assert outcome["slow"][0] == 200 and json.loads(outcome["slow"][1]) == {"slept_ms": 4000}, outcome
+    assert outcome["slow"][0] == 200 and json.loads(outcome["slow"][1]) == {"slept_ms": 8000}, outcome
     assert outcome["queued"][0] == 200, outcome
     first = json.loads(outcome["queued"][1])
     assert _counter(d, cookie)["count"] == first["count"] + 1  # sent once: counted once
@@ -337,7 +338,7 @@ def test_a_request_to_a_worker_of_a_changed_group_is_carried_and_its_worker_reti
 
     def slow() -> None:
         conn = http.client.HTTPConnection(d.host, d.port, timeout=30)
-        conn.request("GET", "/sleep?ms=3000", headers={"Host": "shop.localhost"})
+        conn.request("GET", "/sleep?ms=8000", headers={"Host": "shop.localhost"})
         response = conn.getresponse()
         outcome.append((response.status, response.read().decode()))
         conn.close()
@@ -351,7 +352,7 @@ def test_a_request_to_a_worker_of_a_changed_group_is_carried_and_its_worker_reti
     thread.join(30)
     assert report["outcome"] == "done" and report["requests"] == 1 and report["cut"] == 0, report
     assert {n["verdict"] for n in report["not_kept"]} == {"changed"}, report
-    assert outcome and outcome[0][0] == 200 and json.loads(outcome[0][1]) == {"slept_ms": 3000}, (
+    assert outcome and outcome[0][0] == 200 and json.loads(outcome[0][1]) == {"slept_ms": 8000}, (
         outcome, d.log_text()[-3000:])
     d.wait_workers("acme", "shop", "green", lambda ws: sum(w["state"] == "running" for w in ws) == 2)
     deadline = time.monotonic() + 30

@@ -150,7 +150,8 @@ def test_announces_then_reports_at_the_interval(daemon):
         client.stop()
     assert not channel_threads()
     received = [t for t, _ in daemon.reports]
-    assert 8 <= len([t for t in received if t <= started + 0.75]) <= 20  # about one every 50 ms, no burst
+    # About one every 50 ms (15), no burst; at least a few on a loaded machine, where the thread waits its turn.
+    assert 4 <= len([t for t in received if t <= started + 0.75]) <= 20
     first, second = daemon.reports[0][1], daemon.reports[1][1]
     assert first["cpu"] is None and second["cpu"] is not None
     assert second["executor"] == {"busy": 0, "total": 4}  # no executor helper in use: no queue_depth reading
@@ -221,7 +222,7 @@ def test_the_daemon_going_away_and_coming_back(tmp_path):
             assert len(second.announces) == 1 and second.announces[0]["worker"] == "t.a.g.1"
             # Nothing queued while the daemon was away: the reports come at the interval, not in a burst.
             times = [t for t, _ in second.reports[:3]]
-            assert times[2] - times[0] >= 0.15
+            assert times[2] - times[0] >= 0.1  # (two intervals of 0.1 s; a burst would be a few ms)
         finally:
             client.stop()
             second.close()
@@ -236,7 +237,7 @@ def test_stop_is_prompt_while_waiting_out_a_long_interval(daemon):
     assert wait_for(lambda: len(daemon.reports) == 1)
     started = time.monotonic()
     client.stop()
-    assert time.monotonic() - started < 0.3
+    assert time.monotonic() - started < 2.0  # (not the 30 s interval)
     assert not channel_threads()
 
 
@@ -246,7 +247,7 @@ def test_stop_is_prompt_while_backing_off(tmp_path):
     time.sleep(0.5)  # past the first retries, into a long backoff wait
     started = time.monotonic()
     client.stop()
-    assert time.monotonic() - started < 0.3
+    assert time.monotonic() - started < 2.0  # (not the 30 s interval)
     assert not channel_threads()
 
 
