@@ -146,7 +146,11 @@ def test_a_moving_users_requests_wait_and_go_in_order_to_its_new_worker(workers:
             assert await _worker_of(request, USER) == "w1"
             f.surface.flag(USER)
             waiting = [asyncio.create_task(_worker_of(request, USER)) for _ in range(5)]
-            await asyncio.sleep(0.3)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 5
+            while f.waiting.parked.count(Parked.MOVE) < 5 and loop.time() < deadline:  # (all five arrived)
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.1)  # (and stay held)
             held = f.waiting.parked.count(Parked.MOVE)
             assert not any(t.done() for t in waiting)  # none was forwarded
             others = await _worker_of(request, OTHER)  # another user is served meanwhile
